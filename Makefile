@@ -1,0 +1,71 @@
+# hostlock: one entry point for setting up, testing and demonstrating the collection.
+#
+#   make demo    run the showcase end to end ($(DEMO_TARGETS))
+#   make test    every test ($(TEST_TARGETS)); .ci/run calls exactly this
+#   make quick   inner loop: ruff + unit tests ($(QUICK_TARGETS))
+#   make help    list the targets
+#
+# Each area adds its own targets in mk/<area>.mk: define test-<area> (depending on venv) and add it with
+# TEST_TARGETS += test-<area>; QUICK_TARGETS += ..., DEMO_TARGETS += ... likewise.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+MAKEFLAGS += --no-builtin-rules
+
+VENV     := .venv
+VENV_BIN := $(VENV)/bin
+PY       := $(VENV_BIN)/python
+PYTEST   := $(VENV_BIN)/pytest
+RUFF     := $(VENV_BIN)/ruff
+# Tools the recipes run (ansible-playbook, ansible-config for molecule, ...) come from .venv first.
+export PATH := $(abspath $(VENV_BIN)):$(PATH)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+# The stamp is keyed on what the venv is built from: editing a pin or lib/pyproject.toml reinstalls.
+VENV_HASH  := $(shell cat requirements/dev.txt lib/pyproject.toml tools/make_venv.sh 2>/dev/null | sha256sum | cut -c1-16)
+VENV_STAMP := $(VENV)/.stamp-$(VENV_HASH)
+
+PYTEST_ARGS ?=
+TEST_TARGETS  := lint test-unit
+QUICK_TARGETS := lint test-unit
+DEMO_TARGETS  :=
+
+include mk/infra.mk
+-include $(filter-out mk/infra.mk,$(sort $(wildcard mk/*.mk)))
+
+TEST_TARGETS += sanity units lint-ansible
+
+.PHONY: help venv test quick demo clean distclean
+help:
+	@echo "make demo         run the showcase end to end: $(or $(strip $(DEMO_TARGETS)),(nothing yet))"
+	@echo "make test         every test: $(TEST_TARGETS)"
+	@echo "make quick        inner loop: $(QUICK_TARGETS)"
+	@echo "make venv         create/update .venv (Python 3.11, requirements/dev.txt, lib/ editable)"
+	@echo "make lint         ruff over lib plugins tests benchmarks tools, changelog fragments"
+	@echo "make sanity       ansible-test sanity --venv --python 3.11 in a collection-layout copy"
+	@echo "make units        ansible-test units for tests/unit/plugins in the same layout"
+	@echo "make lint-ansible ansible-lint --offline, production profile"
+	@echo "make module-utils regenerate plugins/module_utils/hostlock from lib/hostlock"
+	@echo "make bench-engine engine benchmark table (benchmarks/engine.py; not part of make test)"
+	@echo "make clean        remove build and test output (keeps .venv); distclean also removes .venv"
+
+venv: $(VENV_STAMP)
+$(VENV_STAMP):
+	@tools/make_venv.sh $(VENV) $(notdir $(VENV_STAMP))
+
+test: $(TEST_TARGETS)
+	@echo "make test: all passed ($(TEST_TARGETS))"
+
+quick: $(QUICK_TARGETS)
+
+demo: $(DEMO_TARGETS)
+	@$(if $(strip $(DEMO_TARGETS)),true,echo "make demo: no demo registered yet (DEMO_TARGETS is empty)")
+
+clean:
+	rm -rf tests/output build dist lib/build lib/*.egg-info .ruff_cache .pytest_cache benchmarks/output
+	rm -f hostlock-core-*.tar.gz
+	find . -path ./.venv -prune -o -path ./.git -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+
+distclean: clean
+	rm -rf $(VENV) $(VENV).lock

@@ -1,0 +1,62 @@
+# Infrastructure targets: lint, repository-level unit tests, ansible-test sanity/units in the
+# ansible_collections/hostlock/core layout, ansible-lint, the module_utils generator, the engine benchmark.
+
+LINT_PATHS := $(wildcard lib plugins tests benchmarks tools)
+ANSIBLE_TEST := $(abspath $(VENV_BIN))/ansible-test
+ANSIBLE_TEST_PYTHON ?= 3.11
+SANITY_ARGS ?=
+UNITS_ARGS ?=
+
+.PHONY: lint test-unit sanity units lint-ansible module-utils module-utils-check bench-engine
+
+lint: venv
+	$(RUFF) check $(LINT_PATHS)
+	$(VENV_BIN)/antsibull-changelog lint
+
+# tests/unit/plugins holds ansible-test unit tests (they import ansible_collections.hostlock.core.*):
+# `make units` runs those in the collection layout; everything else under tests/unit runs here.
+test-unit: venv
+	$(PYTEST) -q tests/unit --ignore=tests/unit/plugins $(PYTEST_ARGS)
+
+module-utils: venv
+	$(PY) tools/gen_module_utils.py
+
+module-utils-check: venv
+	$(PY) tools/gen_module_utils.py --check
+
+# Copy the working tree's tracked and untracked-but-not-ignored files into
+# $$tmp/ansible_collections/hostlock/core (the layout ansible-test requires) and cd there.
+# On a fresh clone that is exactly the tracked files. Deleted-but-tracked files are skipped.
+define collection_copy
+tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-ansible-test.XXXXXX"); \
+trap 'rm -rf "$$tmp"' EXIT; \
+dest="$$tmp/ansible_collections/hostlock/core"; mkdir -p "$$dest"; \
+git ls-files -z --cached --others --exclude-standard \
+  | while IFS= read -r -d '' f; do if [[ -e "$$f" || -L "$$f" ]]; then printf '%s\0' "$$f"; fi; done \
+  | tar --null --no-recursion -T - -cf - | tar -xf - -C "$$dest"; \
+cd "$$dest"
+endef
+
+# ansible-test fetches a pip bootstrap script from a host we cannot reach unless
+# ~/.ansible/test/cache/get_pip_<version>.py exists: tools/ansible_test_pip.py writes a stand-in.
+sanity: venv
+	@$(PY) tools/ansible_test_pip.py
+	@$(collection_copy); \
+	echo "make sanity: ansible-test sanity --venv --python $(ANSIBLE_TEST_PYTHON) in $$dest"; \
+	$(ANSIBLE_TEST) sanity --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(SANITY_ARGS)
+
+units: venv
+	@if [[ -z "$$(find tests/unit/plugins -name 'test_*.py' -print -quit 2>/dev/null)" ]]; then \
+	  echo "make units: no tests under tests/unit/plugins yet: nothing to run"; exit 0; fi; \
+	$(PY) tools/ansible_test_pip.py; \
+	$(collection_copy); \
+	$(ANSIBLE_TEST) units --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(UNITS_ARGS) tests/unit/plugins/
+
+ANSIBLE_LINT_PATHS := $(wildcard roles playbooks)
+lint-ansible: venv
+	@if [[ -z "$(ANSIBLE_LINT_PATHS)" ]]; then echo "make lint-ansible: no roles/ or playbooks/ yet"; exit 0; fi; \
+	$(VENV_BIN)/ansible-lint --offline --profile production $(ANSIBLE_LINT_PATHS)
+
+bench-engine: venv
+	$(PY) -m pip install --quiet -r requirements/bench.txt
+	$(PY) benchmarks/engine.py $(BENCH_ARGS)
