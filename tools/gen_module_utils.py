@@ -83,11 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     dest = root / DEST
 
     if args.check:
-        problems = [f"  {DEST / rel}: differs from {SOURCE / rel}" if (dest / rel).exists()
-                    else f"  {DEST / rel}: missing (new {SOURCE / rel})" for rel in stale]
+        problems = [
+            f"  {DEST / rel}: differs from {SOURCE / rel}"
+            if (dest / rel).exists()
+            else f"  {DEST / rel}: missing (new {SOURCE / rel})"
+            for rel in stale
+        ]
         problems += [f"  {DEST / rel}: left over ({SOURCE / rel} was removed)" for rel in generated_extra]
-        problems += [f"  {DEST / rel}: hand-written file in a generated directory: move it to {SOURCE}"
-                     for rel in foreign_extra]
+        problems += [
+            f"  {DEST / rel}: hand-written file in a generated directory: move it to {SOURCE}" for rel in foreign_extra
+        ]
         if problems:
             print(f"{DEST} has drifted from {SOURCE}; run `make module-utils` and commit the result:")
             print("\n".join(problems))
@@ -96,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if foreign_extra:
-        print("gen_module_utils: refusing to touch hand-written files in the generated directory; move them to "
-              f"{SOURCE}: " + ", ".join(str(DEST / rel) for rel in foreign_extra), file=sys.stderr)
+        print(
+            "gen_module_utils: refusing to touch hand-written files in the generated directory; move them to "
+            f"{SOURCE}: " + ", ".join(str(DEST / rel) for rel in foreign_extra),
+            file=sys.stderr,
+        )
         return 1
     for rel in stale:
         target = dest / rel
