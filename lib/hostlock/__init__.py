@@ -1,0 +1,50 @@
+"""hostlock: on one host, work that must not overlap never overlaps.
+
+Exclusive locks, shared locks and N-slot semaphores by name, on kernel locks that vanish with their holder
+(Linux OFD locks; flock() elsewhere), served in arrival order, with an owner record that answers "who holds
+it" and serves as the fallback mechanism where kernel locks are unavailable.
+"""
+
+from __future__ import annotations
+
+from ._api import Lock, LockStatus, break_lock, holders, list_locks, status
+from ._directory import SYSTEM_DIRECTORY, default_directory
+from ._error import (
+    HostlockError,
+    InvalidName,
+    LockDirectoryError,
+    LockFileError,
+    LockTimeout,
+    MechanismError,
+    TokenError,
+)
+from ._lease import hold, release, renew
+from ._names import parse_duration, validate_name
+from ._owner import Holder
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SYSTEM_DIRECTORY",
+    "Holder",
+    "HostlockError",
+    "InvalidName",
+    "Lock",
+    "LockDirectoryError",
+    "LockFileError",
+    "LockStatus",
+    "LockTimeout",
+    "MechanismError",
+    "TokenError",
+    "__version__",
+    "break_lock",
+    "default_directory",
+    "hold",
+    "holders",
+    "list_locks",
+    "parse_duration",
+    "release",
+    "renew",
+    "status",
+    "validate_name",
+]
