@@ -7,7 +7,7 @@ ANSIBLE_TEST_PYTHON ?= 3.11
 SANITY_ARGS ?=
 UNITS_ARGS ?=
 
-.PHONY: lint test-unit sanity units lint-ansible module-utils module-utils-check bench-engine
+.PHONY: lint test-unit sanity sanity-deps units lint-ansible module-utils module-utils-check bench-engine
 
 lint: venv
 	$(RUFF) check $(LINT_PATHS)
@@ -27,11 +27,13 @@ module-utils-check: venv
 # Copy the working tree's tracked and untracked-but-not-ignored files into
 # $$tmp/ansible_collections/hostlock/core (the layout ansible-test requires) and cd there.
 # On a fresh clone that is exactly the tracked files. Deleted-but-tracked files are skipped.
+# COPY_UNTRACKED=0 copies only tracked files (check what is committed, ignoring work in progress).
+COPY_UNTRACKED ?= 1
 define collection_copy
 tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-ansible-test.XXXXXX"); \
 trap 'rm -rf "$$tmp"' EXIT; \
 dest="$$tmp/ansible_collections/hostlock/core"; mkdir -p "$$dest"; \
-git ls-files -z --cached --others --exclude-standard \
+git ls-files -z --cached $(if $(filter 1,$(COPY_UNTRACKED)),--others --exclude-standard) \
   | while IFS= read -r -d '' f; do if [[ -e "$$f" || -L "$$f" ]]; then printf '%s\0' "$$f"; fi; done \
   | tar --null --no-recursion -T - -cf - | tar -xf - -C "$$dest"; \
 cd "$$dest"
@@ -39,11 +41,19 @@ endef
 
 # ansible-test fetches a pip bootstrap script from a host we cannot reach unless
 # ~/.ansible/test/cache/get_pip_<version>.py exists: tools/ansible_test_pip.py writes a stand-in.
-sanity: venv
+sanity: venv sanity-deps
 	@$(PY) tools/ansible_test_pip.py
 	@$(collection_copy); \
 	echo "make sanity: ansible-test sanity --venv --python $(ANSIBLE_TEST_PYTHON) in $$dest"; \
 	$(ANSIBLE_TEST) sanity --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(SANITY_ARGS)
+
+# ansible-test's shellcheck sanity test is skipped (with only a warning) when shellcheck is missing.
+sanity-deps:
+	@if ! command -v shellcheck >/dev/null; then \
+	  echo "make sanity: installing shellcheck (apt-get)"; \
+	  apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=300 "$$@"; }; \
+	  apt_get install -y shellcheck >/dev/null 2>&1 || { apt_get update && apt_get install -y shellcheck >/dev/null; }; \
+	fi
 
 units: venv
 	@if [[ -z "$$(find tests/unit/plugins -name 'test_*.py' -print -quit 2>/dev/null)" ]]; then \

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Write the pip bootstrap stand-in that ``ansible-test --venv`` looks for.
 
 Why: ansible-test bootstraps pip in each venv it creates with a ``get-pip`` script downloaded from

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Generate plugins/module_utils/hostlock/ from lib/hostlock/ (``make module-utils``).
 
 Why a copy: AnsiballZ ships a module's ``module_utils`` imports to the managed host, not pip packages,
