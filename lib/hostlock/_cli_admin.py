@@ -28,7 +28,7 @@ from . import _cli_common as c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Any, Dict, List, NoReturn, Optional
+    from typing import Any, NoReturn
 
 STATUS_SCHEMA = "hostlock.status/1"
 LEASE_SCHEMA = "hostlock.lease/1"
@@ -135,7 +135,7 @@ def _build(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def main_admin(command: str, args: List[str]) -> int:
+def main_admin(command: str, args: list[str]) -> int:
     """Run one admin subcommand; engine errors become one line and their documented exit code."""
     try:
         ns = _build(command).parse_args(args)
@@ -162,7 +162,7 @@ def main_admin(command: str, args: List[str]) -> int:
 # ------------------------------------------------------------------------------------------ status/list
 
 
-def holder_json(h: Holder) -> Dict[str, Any]:
+def holder_json(h: Holder) -> dict[str, Any]:
     """One holder in the documented, stable JSON shape (not the engine's internal as_dict)."""
     return {
         "pid": h.pid,
@@ -192,7 +192,7 @@ def _state(st: LockStatus) -> str:
     return "stale" if st.stale or st.holders else "free"
 
 
-def lock_json(st: LockStatus) -> Dict[str, Any]:
+def lock_json(st: LockStatus) -> dict[str, Any]:
     """One lock in the documented JSON shape."""
     return {
         "name": st.name,
@@ -212,7 +212,7 @@ def _print_json(obj: object) -> None:
     c.write_out(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
-def _lease_text(expires: Optional[float], now: float) -> str:
+def _lease_text(expires: float | None, now: float) -> str:
     if expires is None:
         return "-"
     if expires <= now:
@@ -224,7 +224,7 @@ def _shorten(text: str, width: int, wide: bool) -> str:
     return text if wide or len(text) <= width else text[:width - 3] + "..."
 
 
-def table(statuses: List[LockStatus], wide: bool) -> str:
+def table(statuses: list[LockStatus], wide: bool) -> str:
     """The people's view: one row per holder (a free lock gets one row), columns sized to fit."""
     now = time.time()
     rows = [["LOCK", "STATE", "MODE", "PID", "USER", "SINCE", "LEASE", "WAIT", "JOB"]]
@@ -306,7 +306,7 @@ def _token(ns: argparse.Namespace) -> str:
     return token
 
 
-def _lease_of(name: str, directory: str, token_hint: Optional[str] = None) -> Optional[float]:
+def _lease_of(name: str, directory: str, token_hint: str | None = None) -> float | None:
     """Expiry of our lease, read back from status (hold() returns only the token)."""
     try:
         st = status(name, directory=directory)

@@ -11,7 +11,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
-    from typing import Callable, Dict, List, Optional, Tuple
+    from typing import Callable
 
 PROG = "hostlock"
 
@@ -111,7 +111,7 @@ def quote(arg: str) -> str:
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
-def join_command(argv: List[str]) -> str:
+def join_command(argv: list[str]) -> str:
     """A command line a person can paste back into a shell: shown by status and in cron reports."""
     return " ".join(quote(a) for a in argv)
 
@@ -180,8 +180,8 @@ def count_arg(value: str, option: str) -> int:
 # An option spec maps each spelling to (key, takes_value); the handler is called once per option met.
 
 
-def getopt(args: List[str], start: int, spec: Dict[str, Tuple[str, bool]],
-           handle: Callable[[str, Optional[str], str], None], command: str) -> Tuple[int, bool]:
+def getopt(args: list[str], start: int, spec: dict[str, tuple[str, bool]],
+           handle: Callable[[str, str | None, str], None], command: str) -> tuple[int, bool]:
     """Parse options from args[start:]; return (index of the first operand, whether "--" ended them)."""
     i = start
     n = len(args)

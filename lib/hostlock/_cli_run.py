@@ -26,8 +26,6 @@ from . import _cli_common as c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import List, Optional, Tuple
-
     from . import Lock
 
 FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
@@ -107,17 +105,17 @@ class Options:
                  "on_conflict", "syslog", "syslog_socket", "_wait_opt")
 
     def __init__(self) -> None:
-        self.name: Optional[str] = None
+        self.name: str | None = None
         self.mode = "exclusive"
         self.slots = 1
-        self.wait: Optional[float] = None  # None waits forever
-        self.conflict_code: Optional[int] = None
-        self.directory: Optional[str] = None
+        self.wait: float | None = None  # None waits forever
+        self.conflict_code: int | None = None
+        self.directory: str | None = None
         self.mechanism = "auto"
-        self.label: Optional[str] = None
-        self.command: List[str] = []
-        self.shell: Optional[str] = None
-        self.timeout: Optional[float] = None
+        self.label: str | None = None
+        self.command: list[str] = []
+        self.shell: str | None = None
+        self.timeout: float | None = None
         self.kill_after = DEFAULT_KILL_AFTER
         self.pgroup = "auto"
         self.quiet = False
@@ -159,12 +157,12 @@ _PGROUPS = ("auto", "new", "same")
 _ON_CONFLICT = ("quiet", "report", "fail")
 
 
-def parse(args: List[str], cron: bool) -> Options:
+def parse(args: list[str], cron: bool) -> Options:
     """Parse `run`/`cron` arguments by hand (argparse costs ~12 ms); raises c.UsageError."""
     command = "cron" if cron else "run"
     o = Options()
 
-    def handle(key: str, value: Optional[str], opt: str) -> None:
+    def handle(key: str, value: str | None, opt: str) -> None:
         if key == "exclusive":
             o.mode = "exclusive"
         elif key == "shared":
@@ -283,7 +281,7 @@ def _set_pdeathsig() -> bool:
         return False
 
 
-def _exec_child(argv: List[str], parent: int, new_group: bool, mask: object, out_fd: Optional[int]) -> None:
+def _exec_child(argv: list[str], parent: int, new_group: bool, mask: object, out_fd: int | None) -> None:
     """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
     code = c.EX_OSERR
     try:
@@ -401,7 +399,7 @@ def _signame(sig: int) -> str:
     return "SIG%d" % sig
 
 
-def supervise(lock: Lock, o: Options, out_fd: Optional[int] = None) -> Outcome:
+def supervise(lock: Lock, o: Options, out_fd: int | None = None) -> Outcome:
     """Fork and exec the job, forward signals, enforce --timeout, reap it; the lock stays held throughout."""
     argv = o.command
     new_group = o.pgroup == "new" or (o.pgroup == "auto" and not _in_terminal_foreground())
@@ -531,7 +529,7 @@ def _mode_text(o: Options) -> str:
     return "%d-slot semaphore" % o.slots if o.slots > 1 else o.mode
 
 
-def conflict_text(name: str, exc: BaseException, waited: Optional[float]) -> str:
+def conflict_text(name: str, exc: BaseException, waited: float | None) -> str:
     """'NAME is busy: held by pid 12 (job 34: backup.sh) since ...' for the one-line conflict message."""
     parts = []
     for h in getattr(exc, "holders", None) or []:
@@ -564,7 +562,7 @@ def make_lock(o: Options) -> Lock:
 # ---------------------------------------------------------------------------------------------- run
 
 
-def main_run(args: List[str]) -> int:
+def main_run(args: list[str]) -> int:
     """hostlock run: exit with the job's status, or a code saying why it did not run."""
     try:
         o = parse(args, cron=False)
@@ -649,7 +647,7 @@ def _capture_file() -> int:
     """An unlinked temporary file for the job's output: unlike a pipe it never fills and blocks the job."""
     flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC
     dirs = [os.environ.get("TMPDIR") or "", "/tmp", "/var/tmp", "/dev/shm"]
-    last: Optional[OSError] = None
+    last: OSError | None = None
     for d in dirs:
         if not d:
             continue
@@ -704,7 +702,7 @@ def _syslog(o: Options, failed: bool, text: str) -> None:
             s.close()
 
 
-def main_cron(args: List[str]) -> int:
+def main_cron(args: list[str]) -> int:
     """hostlock cron: silent on success and (by default) on conflict; the captured output on failure."""
     try:
         o = parse(args, cron=True)

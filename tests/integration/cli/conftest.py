@@ -1,0 +1,124 @@
+"""Fixtures for the command-line tests: the `hostlock` command installed the way the cli role installs it
+(a launcher run by the real interpreter with -I -S, the library on sys.path), one lock directory per test."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+LIB = ROOT / "lib"
+# The real interpreter (.venv/bin/python resolves to it); never the pyenv shim (~100 ms a start).
+PYTHON = os.path.realpath(sys.executable)
+
+
+def make_launcher(directory: Path, python: str = PYTHON) -> Path:
+    """Write a launcher like roles/cli/templates: `#!PYTHON -IS`, append the library dir, call main()."""
+    path = directory / "hostlock"
+    path.write_text(
+        f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
+        "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def launcher(tmp_path_factory):
+    return make_launcher(tmp_path_factory.mktemp("bin"))
+
+
+class CLI:
+    """Runs the installed command with HOSTLOCK_DIR pointing at this test's own lock directory."""
+
+    def __init__(self, launcher: Path, lockdir: Path, tmp: Path):
+        self.launcher = str(launcher)
+        self.lockdir = str(lockdir)
+        self.tmp = tmp
+        self.env = dict(os.environ, HOSTLOCK_DIR=self.lockdir)
+        self.env.pop("PYTHONPATH", None)
+        self.procs = []
+
+    def argv(self, *args):
+        return [self.launcher, *map(str, args)]
+
+    def run(self, *args, timeout=30, env=None, **kw):
+        """Run to completion; returns CompletedProcess with text stdout/stderr."""
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout,
+                              env=env or self.env, **kw)
+
+    def start(self, *args, env=None, **kw):
+        """Start in the background (its own session, like a daemon or a cron job: no terminal)."""
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        p = subprocess.Popen(self.argv(*args), text=True, env=env or self.env, start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def status(self, name=None):
+        args = ["status", "--json"] + ([name] if name else [])
+        r = self.run(*args)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        return doc["locks"][0] if name else doc
+
+    def holders(self, name):
+        return self.status(name)["holders"]
+
+    def wait_held(self, name, count=1, timeout=10.0):
+        """Wait until `name` has `count` live holders whose job pid is recorded; return the holders."""
+        deadline = time.monotonic() + timeout
+        while True:
+            hs = [h for h in self.holders(name) if not h["stale"]]
+            if len(hs) >= count and all(h["job_pid"] or h["lease_expires"] for h in hs):
+                return hs
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{name}: expected {count} holders, have {hs}")
+            time.sleep(0.02)
+
+    def is_free(self, name):
+        return not [h for h in self.holders(name) if not h["stale"]]
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, 9)
+                except OSError:
+                    pass
+                p.wait()
+
+
+@pytest.fixture
+def cli(launcher, tmp_path):
+    lockdir = tmp_path / "locks"
+    lockdir.mkdir(mode=0o700)
+    c = CLI(launcher, lockdir, tmp_path)
+    yield c
+    c.cleanup()
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_file(path: Path, timeout=10.0) -> str:
+    wait_until(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"{path}")
+    return path.read_text()
