@@ -69,4 +69,4 @@ lint-ansible: venv
 
 bench-engine: venv
 	$(PY) -m pip install --quiet -r requirements/bench.txt
-	$(PY) benchmarks/engine.py $(BENCH_ARGS)
+	$(PY) benchmarks/engine.py --docs docs/benchmarks.md $(BENCH_ARGS)

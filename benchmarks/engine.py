@@ -1,0 +1,438 @@
+"""Engine benchmark: hostlock.Lock against the locks users would pick instead, all measured in one run.
+
+Anchors: a raw OFD fcntl lock and a blocking flock() on an already-open descriptor (the kernel floor),
+fasteners.InterProcessLock, portalocker.Lock / BoundedSemaphore and filelock.FileLock (the pollers).
+Measures (a) uncontended acquire+release, (b) handoff from a release to the blocked next waiter's
+acquire, (c) 4 processes contending for one counter (throughput, worst wait, and the counter is checked),
+(d) a 4-slot semaphore cycle. Processes are os.fork()ed from this interpreter; figures are medians over
+repeats. Run it with the real interpreter (`make bench-engine` uses .venv/bin/python, not a pyenv shim).
+
+    make bench-engine                      # installs requirements/bench.txt, prints, updates docs
+    .venv/bin/python benchmarks/engine.py [--docs docs/benchmarks.md] [--repeats N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import platform
+import random
+import shlex
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import hostlock
+
+F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # the constants are missing before Python 3.9
+F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
+_FLOCK = "hhqqii"  # struct flock on Linux x86_64/aarch64: type, whence, start, len, pid (0 for OFD), pad
+OFD_WRLCK = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0, 0)
+OFD_UNLCK = struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0, 0)
+FOREVER = 3600.0  # pollers' timeouts: never give up during a run
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC is system-wide, so stamps from different processes compare."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+class AnyLock(Protocol):
+    def acquire(self) -> object: ...
+    def release(self) -> None: ...
+
+
+class RawOfd:
+    """The kernel floor: F_OFD_SETLKW / F_OFD_SETLK on a descriptor opened once, no owner record."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.fd = os.open(os.path.join(directory, name + ".ofd"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def acquire(self) -> None:
+        fcntl.fcntl(self.fd, F_OFD_SETLKW, OFD_WRLCK)
+
+    def release(self) -> None:
+        fcntl.fcntl(self.fd, F_OFD_SETLK, OFD_UNLCK)
+
+
+class BlockingFlock:
+    """flock(LOCK_EX) on a descriptor opened once: blocks in the kernel, but no order, no owner record."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.fd = os.open(os.path.join(directory, name + ".flock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def acquire(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def make_hostlock(directory: str, name: str) -> AnyLock:
+    return hostlock.Lock(name, directory=directory)
+
+
+def make_fasteners(directory: str, name: str) -> AnyLock:
+    import fasteners
+
+    return fasteners.InterProcessLock(os.path.join(directory, name + ".fasteners"))
+
+
+def make_portalocker(directory: str, name: str) -> AnyLock:
+    import portalocker
+
+    return portalocker.Lock(os.path.join(directory, name + ".portalocker"), timeout=FOREVER)
+
+
+def make_filelock(directory: str, name: str) -> AnyLock:
+    import filelock
+
+    return filelock.FileLock(os.path.join(directory, name + ".filelock"))
+
+
+def make_hostlock_sem(directory: str, name: str) -> AnyLock:
+    return hostlock.Lock(name, slots=4, directory=directory)
+
+
+def make_portalocker_sem(directory: str, name: str) -> AnyLock:
+    import portalocker
+
+    return portalocker.BoundedSemaphore(4, name=name, directory=directory, timeout=FOREVER)
+
+
+@dataclass
+class Anchor:
+    label: str
+    factory: Callable[[str, str], AnyLock]
+    poller: bool  # waits by sleeping and retrying
+    semaphore: Callable[[str, str], AnyLock] | None = None
+    results: dict[str, float] = field(default_factory=dict)
+
+
+ANCHORS = [
+    Anchor("raw OFD fcntl (floor)", RawOfd, poller=False),
+    Anchor("blocking flock", BlockingFlock, poller=False),
+    Anchor("fasteners InterProcessLock", make_fasteners, poller=True),
+    Anchor("portalocker Lock / BoundedSemaphore", make_portalocker, poller=True, semaphore=make_portalocker_sem),
+    Anchor("filelock FileLock", make_filelock, poller=True),
+    Anchor("**hostlock.Lock**", make_hostlock, poller=False, semaphore=make_hostlock_sem),
+]
+
+
+# -- (a) and (d): uncontended cycle -------------------------------------------------------------------------
+def cycle_us(lock: AnyLock, cycles: int, repeats: int) -> float:
+    """Median over repeats of the mean acquire+release time in one batch, in microseconds."""
+    for _ in range(max(1, cycles // 10)):  # warm up: files created, caches hot
+        lock.acquire()
+        lock.release()
+    batches = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in range(cycles):
+            lock.acquire()
+            lock.release()
+        batches.append((time.perf_counter_ns() - t0) / cycles / 1000)
+    return statistics.median(batches)
+
+
+# -- (b): handoff --------------------------------------------------------------------------------------------
+def read_exact(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise RuntimeError("benchmark child died before reporting (see its traceback above)")
+        data += chunk
+    return data
+
+
+def child_exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def handoff_ms(factory: Callable[[str, str], AnyLock], directory: str, samples: int) -> list[float]:
+    """Release -> blocked waiter's acquire returning, one freshly forked waiter per sample."""
+    name = "handoff"
+    holder = factory(directory, name)
+    out = []
+    for _ in range(samples):
+        holder.acquire()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(r)
+                waiter = factory(directory, name)
+                os.write(w, b"w")
+                waiter.acquire()
+                got = now_ns()
+                waiter.release()
+                os.write(w, struct.pack("q", got))
+                code = 0
+            finally:
+                child_exit(code)
+        os.close(w)
+        try:
+            read_exact(r, 1)
+            # Let the waiter block; a random extra delay samples the pollers' sleep phase fairly.
+            time.sleep(0.02 + random.random() * 0.03)
+            released = now_ns()
+            holder.release()
+            (got,) = struct.unpack("q", read_exact(r, 8))
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+        out.append((got - released) / 1e6)
+    return out
+
+
+# -- (c): contention -----------------------------------------------------------------------------------------
+def busy(ns: int) -> None:
+    """Simulated work inside the lock: spin (not sleep), so the holder keeps its CPU as real work would."""
+    end = now_ns() + ns
+    while now_ns() < end:
+        pass
+
+
+def contend(
+    factory: Callable[[str, str], AnyLock], directory: str, procs: int, cycles: int, hold_ns: int
+) -> tuple[float, float]:
+    """procs processes x cycles increments of one counter: (throughput cycles/s, worst wait ms).
+
+    Each holder also works hold_ns inside the lock, then immediately asks again (worst case for fairness).
+    Raises if the counter is wrong: a lock that lets two holders in is not benchmarked, it is broken.
+    """
+    name = "contend"
+    counter = os.path.join(directory, "counter")
+    with open(counter, "wb") as f:
+        f.write(struct.pack("q", 0))
+    factory(directory, name)  # create the lock file(s) before the race
+    go_r, go_w = os.pipe()
+    res_r, res_w = os.pipe()
+    pids = []
+    for _ in range(procs):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(go_w)
+                os.close(res_r)
+                lock = factory(directory, name)
+                cfd = os.open(counter, os.O_RDWR)
+                os.read(go_r, 1)  # EOF when the parent closes go_w: all start together
+                worst = 0
+                for _ in range(cycles):
+                    t0 = now_ns()
+                    lock.acquire()
+                    worst = max(worst, now_ns() - t0)
+                    (value,) = struct.unpack("q", os.pread(cfd, 8, 0))
+                    os.pwrite(cfd, struct.pack("q", value + 1), 0)
+                    if hold_ns:
+                        busy(hold_ns)
+                    lock.release()
+                os.write(res_w, struct.pack("qq", worst, now_ns()))
+                code = 0
+            finally:
+                child_exit(code)
+        pids.append(pid)
+    os.close(go_r)
+    os.close(res_w)
+    time.sleep(0.1)  # children open their locks
+    start = now_ns()
+    os.close(go_w)
+    reports = [struct.unpack("qq", read_exact(res_r, 16)) for _ in range(procs)]
+    os.close(res_r)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    with open(counter, "rb") as f:
+        (total,) = struct.unpack("q", f.read(8))
+    if total != procs * cycles:
+        raise RuntimeError(f"counter is {total}, expected {procs * cycles}: two holders overlapped")
+    wall = (max(end for _, end in reports) - start) / 1e9
+    return procs * cycles / wall, max(worst for worst, _ in reports) / 1e6
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+@dataclass
+class Config:
+    repeats: int
+    cycles: int
+    handoff_samples: int
+    poller_handoff_samples: int
+    procs: int
+    contend_cycles: int
+    poller_contend_cycles: int
+    contend_repeats: int
+    hold_us: float
+
+
+def run(cfg: Config, only: list[str] | None, log: Callable[[str], None]) -> list[Anchor]:
+    anchors = [a for a in ANCHORS if not only or any(o.lower() in a.label.lower() for o in only)]
+    with tempfile.TemporaryDirectory(prefix="hostlock-bench-") as top:
+        for anchor in anchors:
+            d = tempfile.mkdtemp(dir=top)
+            log(f"{anchor.label}: uncontended")
+            anchor.results["cycle_us"] = cycle_us(anchor.factory(d, "solo"), cfg.cycles, cfg.repeats)
+            if anchor.semaphore:
+                log(f"{anchor.label}: 4-slot semaphore")
+                anchor.results["sem_us"] = cycle_us(anchor.semaphore(d, "sem"), cfg.cycles, cfg.repeats)
+            samples = cfg.poller_handoff_samples if anchor.poller else cfg.handoff_samples
+            log(f"{anchor.label}: handoff x{samples}")
+            handoffs = handoff_ms(anchor.factory, d, samples)
+            anchor.results["handoff_ms"] = statistics.median(handoffs)
+            anchor.results["handoff_max_ms"] = max(handoffs)
+            cycles = cfg.poller_contend_cycles if anchor.poller else cfg.contend_cycles
+            log(f"{anchor.label}: {cfg.procs} processes x {cycles} cycles x{cfg.contend_repeats}")
+            runs = [
+                contend(anchor.factory, d, cfg.procs, cycles, int(cfg.hold_us * 1000))
+                for _ in range(cfg.contend_repeats)
+            ]
+            anchor.results["throughput"] = statistics.median(r[0] for r in runs)
+            anchor.results["worst_ms"] = statistics.median(r[1] for r in runs)
+            anchor.results["contend_cycles"] = cycles
+    return anchors
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def table(anchors: list[Anchor], cfg: Config) -> str:
+    by = {a.label: a.results for a in anchors}
+    ofd = by.get(ANCHORS[0].label, {}).get("cycle_us")
+    flock = by.get(ANCHORS[1].label, {})
+    rows = [
+        "| lock | uncontended acquire+release (us) | x raw OFD | handoff median / max (ms) "
+        f"| {cfg.procs} procs contending: cycles/s | x flock | worst wait (ms) | x flock's "
+        "| 4-slot semaphore cycle (us) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for a in anchors:
+        r = a.results
+        ratio = r["cycle_us"] / ofd if ofd else None
+        tput_ratio = r["throughput"] / flock["throughput"] if flock else None
+        worst_ratio = r["worst_ms"] / flock["worst_ms"] if flock else None
+        cycles_note = "" if r["contend_cycles"] == cfg.contend_cycles else f" ({int(r['contend_cycles'])}/proc)"
+        rows.append(
+            f"| {a.label} | {fmt(r['cycle_us'], 2)} | {fmt(ratio, 1)} "
+            f"| {fmt(r['handoff_ms'], 3)} / {fmt(r['handoff_max_ms'], 1)} "
+            f"| {fmt(r['throughput'], 0)}{cycles_note} | {fmt(tput_ratio, 2)} | {fmt(r['worst_ms'], 2)} "
+            f"| {fmt(worst_ratio, 2)} | {fmt(r.get('sem_us'), 2)} |"
+        )
+    return "\n".join(rows)
+
+
+def targets(anchors: list[Anchor]) -> list[str]:
+    by = {a.label: a.results for a in anchors}
+    h = by.get(ANCHORS[-1].label)
+    ofd = by.get(ANCHORS[0].label)
+    flock = by.get(ANCHORS[1].label)
+    if not (h and ofd and flock):
+        return ["(targets need raw OFD, blocking flock and hostlock in the same run)"]
+
+    def line(ok: bool, text: str) -> str:
+        return f"- {'met' if ok else '**MISSED**'}: {text}"
+
+    ratio = h["cycle_us"] / ofd["cycle_us"]
+    tput = h["throughput"] / flock["throughput"]
+    worst = h["worst_ms"] / flock["worst_ms"]
+    return [
+        line(ratio <= 10, f"uncontended cycle <= 10x raw OFD: {ratio:.1f}x ({h['cycle_us']:.2f} us)"),
+        line(h["handoff_ms"] <= 0.5, f"handoff median <= 0.5 ms: {h['handoff_ms']:.3f} ms"),
+        line(tput >= 0.8, f"contended throughput >= 0.8x blocking flock: {tput:.2f}x"),
+        line(worst <= 0.5, f"contended worst wait <= 0.5x blocking flock's: {worst:.2f}x"),
+        line(h.get("sem_us", 1e9) <= 20, f"4-slot semaphore cycle <= 20 us: {h.get('sem_us', float('nan')):.2f} us"),
+    ]
+
+
+def machine() -> str:
+    try:
+        model = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        model = platform.processor() or "unknown CPU"
+    return (
+        f"Python {platform.python_version()} ({sys.executable}), Linux {platform.release()}, "
+        f"{os.cpu_count()} CPUs ({model}), {time.strftime('%Y-%m-%d')}"
+    )
+
+
+def write_docs(path: Path, section: str) -> None:
+    """Replace the "## Engine" section of path (or add it), leaving other sections alone."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.strip() == "## Engine"), None)
+    if start is None:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        text = "".join(lines[:start]) + section + ("\n" if end < len(lines) else "") + "".join(lines[end:])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7, help="batches per uncontended figure (median)")
+    parser.add_argument("--quick", action="store_true", help="fewer cycles and samples (smoke run)")
+    parser.add_argument("--only", action="append", help="run only anchors whose label contains this")
+    parser.add_argument("--hold-us", type=float, default=50.0, help="work inside the lock per contended cycle")
+    parser.add_argument("--docs", type=Path, help='write the table into this file\'s "## Engine" section')
+    args = parser.parse_args(argv)
+    if args.quick:
+        cfg = Config(3, 300, 8, 4, 4, 100, 20, 1, args.hold_us)
+    else:
+        cfg = Config(args.repeats, 2000, 40, 15, 4, 300, 50, 3, args.hold_us)
+
+    def log(msg: str) -> None:
+        print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+    anchors = run(cfg, args.only, log)
+    hostlock_mech = hostlock.Lock("probe", directory=tempfile.gettempdir()).mechanism
+    command = "make bench-engine  # = " + shlex.join([sys.executable, "benchmarks/engine.py", *(argv or sys.argv[1:])])
+    section = "\n".join(
+        [
+            "## Engine",
+            "",
+            "```",
+            command,
+            "```",
+            "",
+            machine() + f"; hostlock mechanism: {hostlock_mech}.",
+            f"Uncontended: median of {cfg.repeats} batches of {cfg.cycles} cycles on an open lock object. "
+            f"Handoff: {cfg.handoff_samples} samples ({cfg.poller_handoff_samples} for pollers), one forked "
+            f"waiter each. Contention: {cfg.procs} forked processes x {cfg.contend_cycles} cycles "
+            f"({cfg.poller_contend_cycles} for pollers, which poll at their default intervals) incrementing "
+            f"one counter (checked at the end) and working {cfg.hold_us:g} us inside the lock, then asking "
+            f"again at once; median of {cfg.contend_repeats} runs.",
+            "",
+            table(anchors, cfg),
+            "",
+            "Targets (ratios within this run):",
+            "",
+            *targets(anchors),
+            "",
+        ]
+    )
+    print(section)
+    if args.docs:
+        write_docs(args.docs, section)
+        print(f"(written to {args.docs})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
