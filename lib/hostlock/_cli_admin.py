@@ -359,8 +359,15 @@ def cmd_break(ns: argparse.Namespace) -> int:
     """break: say what was removed and whether live holders remain (exit 75 if the lock is still held)."""
     directory = _directory(ns)
     removed = break_lock(ns.name, directory=directory, force=ns.force)
-    st = status(ns.name, directory=directory)
-    live = [h for h in st.holders if not h.stale]
+    # break_lock() signals live holders and returns: give them a moment to exit, so the report is true.
+    ended = {h.pid for h in removed if h.alive}
+    deadline = time.monotonic() + 5.0
+    while True:
+        st = status(ns.name, directory=directory)
+        live = [h for h in st.holders if not h.stale]
+        if not ended & {h.pid for h in live} or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     if ns.json:
         _print_json({"schema": BREAK_SCHEMA, "name": ns.name, "directory": directory,
                      "removed": [holder_json(h) for h in removed], "remaining": [holder_json(h) for h in live]})

@@ -82,7 +82,10 @@ def error_exit_code(exc: BaseException) -> int:
     if isinstance(exc, (e.LockDirectoryError, e.LockFileError)):
         return errno_exit_code(getattr(exc, "errno", None), EX_NOINPUT)
     if isinstance(exc, e.HostlockError):
-        return errno_exit_code(getattr(exc, "errno", None), EX_DATAERR)
+        err = getattr(exc, "errno", None)
+        if err in (_errno.EPERM, _errno.EACCES):  # e.g. breaking another user's lock
+            return EX_NOPERM
+        return errno_exit_code(err, EX_DATAERR)
     if isinstance(exc, PermissionError):
         return EX_NOPERM
     if isinstance(exc, OSError):
