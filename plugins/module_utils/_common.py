@@ -1,0 +1,80 @@
+# Copyright: (c) 2025, hostlock maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""PRIVATE to this collection: helpers shared by the hostlock.core modules and controller plugins.
+
+Nothing here is a public API; other collections must not import it. It runs on managed hosts
+(Python 3.8+, no third-party packages) and on the controller, so it imports only the stdlib.
+Lock logic does not live here (that is lib/hostlock, shipped as module_utils/hostlock): only the
+wording and arithmetic the Ansible side needs on top of it.
+"""
+
+from __future__ import annotations
+
+import time
+
+# The key under which every hostlock.core result reports its lock timings, so the
+# hostlock.core.serialize callback can build its recap without knowing each plugin's result shape.
+RESULT_KEY = "hostlock"
+
+
+def _clock(epoch: float | None) -> str:
+    """Render an epoch as local HH:MM:SS (what an operator compares with `date`)."""
+    if epoch is None:
+        return "?"
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def _short(text: str | None, limit: int = 80) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def holder_summary(holder: dict) -> str:
+    """One line naming a holder: who (pid, user, command or job), why (label) and until when."""
+    parts = ["pid {}".format(holder.get("pid"))]
+    if holder.get("user"):
+        parts.append("user {}".format(holder["user"]))
+    if holder.get("job_pid"):
+        parts.append("job pid {} '{}'".format(holder["job_pid"], _short(holder.get("job_cmdline"))))
+    elif holder.get("cmdline"):
+        parts.append("'{}'".format(_short(holder["cmdline"])))
+    if holder.get("label"):
+        parts.append("label '{}'".format(_short(holder["label"])))
+    if holder.get("mode") and holder.get("mode") != "exclusive":
+        parts.append(str(holder["mode"]))
+    if holder.get("slot") is not None:
+        parts.append("slot {}".format(holder["slot"]))
+    if holder.get("acquired_at"):
+        parts.append("since {}".format(_clock(holder["acquired_at"])))
+    if holder.get("lease_expires"):
+        parts.append("lease until {}".format(_clock(holder["lease_expires"])))
+    if holder.get("stale"):
+        parts.append("STALE")
+    host = holder.get("hostname")
+    return "{}{}".format(", ".join(parts), f" on {host}" if host else "")
+
+
+def describe_holders(holders: list) -> str:
+    """Join holder summaries for an error message; says 'nobody' rather than an empty string."""
+    if not holders:
+        return "nobody (it was released meanwhile)"
+    return "; ".join(holder_summary(h) for h in holders)
+
+
+def live_holders(holders: list) -> list:
+    """Holders that still count: stale records (owner proven dead, lease ended) never block anyone."""
+    return [h for h in holders if not h.get("stale")]
+
+
+def would_acquire(holders: list, mode: str, slots: int) -> bool:
+    """Whether a lock with these holders admits one more holder in `mode` (check mode's prediction).
+
+    It mirrors the engine's rules without taking anything: an exclusive lock or an N-slot semaphore
+    admits while fewer than `slots` live holders exist; a shared lock admits while no live holder is
+    exclusive. Waiters queued before us are not counted: they can only delay us, not refuse us.
+    """
+    live = live_holders(holders)
+    if mode == "shared":
+        return all(h.get("mode") == "shared" for h in live)
+    return len(live) < max(1, int(slots))

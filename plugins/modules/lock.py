@@ -1,0 +1,502 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, hostlock maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: lock
+short_description: Take or release a host lock that outlives the task
+version_added: 0.1.0
+description:
+  - Takes a hostlock lock on the managed host and keeps it after the task ends, until a later task
+    releases it with the returned RV(token), or until the O(lease) runs out, whichever comes first.
+  - A lock taken inside a module would die with the module's process. This module therefore leaves a
+    small detached holder process on the host (the engine's C(hostlock.hold)): it closes every
+    inherited descriptor and leaves the session, so it never keeps the SSH connection or the module's
+    pipes open, and it ends itself when the lease runs out.
+  - The same locks are seen by the C(hostlock) command on the host (C(hostlock run NAME ...) in a cron
+    job or shell), so a playbook and the host's own jobs never overlap.
+  - Needs nothing on the host but Python 3.8 or later; the lock engine travels with the module.
+  - To lock around a single task, M(hostlock.core.locked) is shorter. To keep whole playbook runs
+    apart per host, enable the P(hostlock.core.serialize#callback) callback.
+options:
+  name:
+    description:
+      - The lock's name, shared by everyone who locks the same thing on this host
+        (for example V(apt), V(deploy-myapp)).
+      - 1 to 100 characters from C([A-Za-z0-9._+@-]), not starting with C(.), C(+), C(@) or C(-).
+    type: str
+    required: true
+  state:
+    description:
+      - V(acquired) takes the lock (waiting up to O(timeout)) and returns a RV(token). Given an
+        existing O(token), it renews that lease to O(lease) seconds from now instead.
+      - V(released) gives up the lease named by O(token). Releasing a lease that is no longer held
+        (released already, lease ran out) is OK and unchanged, with a warning.
+    type: str
+    choices: [acquired, released]
+    default: acquired
+  mode:
+    description:
+      - V(exclusive) admits one holder (or O(slots) holders). V(shared) admits any number of shared
+        holders and no exclusive one (readers and a writer).
+    type: str
+    choices: [exclusive, shared]
+    default: exclusive
+  slots:
+    description:
+      - With a value above 1 the lock is a semaphore admitting that many holders at once.
+        Only with O(mode=exclusive).
+    type: int
+    default: 1
+  timeout:
+    description:
+      - Seconds to wait for the lock; V(0) tries once. Omit to wait as long as it takes.
+      - When the time is up the task fails naming the holders (see O(on_conflict)).
+    type: float
+  lease:
+    description:
+      - Seconds the lock is kept at most. Required with O(state=acquired).
+      - The lease is what frees the lock when the playbook never comes back to release it (a killed
+        run, a lost connection). Choose it longer than the work it protects; renew it with
+        O(state=acquired) and the O(token) for long work.
+    type: float
+  token:
+    description:
+      - The RV(token) returned when the lock was acquired.
+      - Required with O(state=released) unless O(force=true). With O(state=acquired) it renews that
+        lease instead of taking a new one.
+    type: str
+  force:
+    description:
+      - With O(state=released) and no O(token), break the lock whoever holds it, ending live holders
+        (lease holders and C(hostlock run) supervisors) of the connecting user, or anyone's as root.
+      - This is the manual override for a stuck lock. The jobs of a killed C(hostlock run) supervisor
+        get SIGTERM first, so they do not run on unlocked.
+    type: bool
+    default: false
+  directory:
+    description:
+      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/lock/hostlock)
+        when usable, else a per-user runtime directory; the result says which was used.
+      - Everyone who must exclude each other has to use the same directory.
+    type: path
+  label:
+    description:
+      - Free text stored with the lock and shown by C(hostlock status) and in other tasks' errors.
+      - Defaults to one naming the play, the task, and the controller user and host.
+    type: str
+  on_conflict:
+    description:
+      - What to do when the lock is still held by others after O(timeout).
+      - V(fail) fails the task naming the holders. V(skip) marks the task skipped and returns
+        RV(acquired=false) and the holders, so later tasks can test C(result is skipped).
+    type: str
+    choices: [fail, skip]
+    default: fail
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+    details: A controller-side action fills in the default O(label); the work happens on the host.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+    details: Takes and releases nothing; reports whether the lock is free and who holds it.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+    details: Linux is tested. Other POSIX systems use C(flock) instead of OFD locks.
+notes:
+  - Locks are local to one host. Two tasks on different hosts never conflict.
+  - The lease holder is a process of the connecting user (after C(become), of the become user).
+seealso:
+  - module: hostlock.core.locked
+  - module: hostlock.core.lock_info
+  - plugin: hostlock.core.serialize
+    plugin_type: callback
+author:
+  - hostlock maintainers
+"""
+
+EXAMPLES = r"""
+- name: Take the deploy lock for at most 10 minutes
+  hostlock.core.lock:
+    name: deploy
+    lease: 600
+    timeout: 60
+  register: deploy_lock
+
+- name: Work that must not overlap with the host's own deploy jobs
+  ansible.builtin.command: /bin/true
+  changed_when: false
+
+- name: Renew the lease for long work
+  hostlock.core.lock:
+    name: deploy
+    token: "{{ deploy_lock.token }}"
+    lease: 600
+
+- name: Release the deploy lock
+  hostlock.core.lock:
+    name: deploy
+    state: released
+    token: "{{ deploy_lock.token }}"
+
+- name: Try the backup lock once; skip when a backup is running
+  hostlock.core.lock:
+    name: backup
+    lease: 300
+    timeout: 0
+    on_conflict: skip
+  register: backup_lock
+
+- name: Release the backup lock if we got it
+  hostlock.core.lock:
+    name: backup
+    state: released
+    token: "{{ backup_lock.token }}"
+  when: backup_lock is not skipped
+
+- name: Take one of four slots of a semaphore, shared by the host's cron jobs
+  hostlock.core.lock:
+    name: heavy-io
+    slots: 4
+    lease: 120
+  register: io_slot
+
+- name: Give the slot back
+  hostlock.core.lock:
+    name: heavy-io
+    state: released
+    token: "{{ io_slot.token }}"
+"""
+
+RETURN = r"""
+name:
+  description: The lock's name.
+  returned: always
+  type: str
+  sample: deploy
+directory:
+  description: The lock directory used on the host (compare it with C(hostlock status)).
+  returned: always
+  type: str
+  sample: /run/lock/hostlock
+acquired:
+  description:
+    - Whether this task holds the lock now (V(false) in check mode, on release, or when skipped).
+  returned: always
+  type: bool
+  sample: true
+token:
+  description:
+    - The lease's secret token; pass it as O(token) to release or renew the lock.
+    - Anyone with the token can release the lease, so treat it like a password.
+  returned: when a lease was taken or renewed
+  type: str
+  sample: 3f1c2e.bd2a6c0f5e8a4d2b9c1e7f30
+token_id:
+  description: Public id of the lease, as shown by C(hostlock status) and RV(holders[].token_id).
+  returned: when a lease was taken, renewed or released
+  type: str
+  sample: 3f1c2e
+lease_expires:
+  description: When the lease runs out (seconds since the epoch).
+  returned: when a lease was taken or renewed
+  type: float
+  sample: 1767225600.5
+waited:
+  description: Seconds spent waiting for the lock.
+  returned: always
+  type: float
+  sample: 2.04
+holders:
+  description:
+    - The lock's holders after the task (before it in check mode, at the time of giving up on a
+      conflict). Each item is a holder record as C(hostlock status --json) prints it.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Holder process (the lease holder, or the C(hostlock run) supervisor).
+      type: int
+    user:
+      description: Holder's user name.
+      type: str
+    mode:
+      description: V(exclusive) or V(shared).
+      type: str
+    slot:
+      description: Semaphore slot, or V(null).
+      type: int
+    cmdline:
+      description: Holder's command line.
+      type: str
+    job_pid:
+      description: Pid of the job a C(hostlock run) supervisor runs, or V(null).
+      type: int
+    job_cmdline:
+      description: Command line of that job, or V(null).
+      type: str
+    label:
+      description: The holder's label.
+      type: str
+    acquired_at:
+      description: When it took the lock (epoch seconds).
+      type: float
+    lease_expires:
+      description: When its lease runs out (epoch seconds), or V(null) for a process lock.
+      type: float
+    stale:
+      description: Whether the record is left over from a dead owner (it blocks nobody).
+      type: bool
+  sample:
+    - pid: 4242
+      user: root
+      mode: exclusive
+      slot: null
+      cmdline: hostlock-lease deploy
+      job_pid: null
+      job_cmdline: null
+      label: "ansible root@ctl: play 'Deploy', task 'Take the deploy lock'"
+      acquired_at: 1767225000.1
+      lease_expires: 1767225600.1
+      stale: false
+free:
+  description: In check mode, whether the lock would be granted right now.
+  returned: in check mode with O(state=acquired)
+  type: bool
+  sample: true
+released:
+  description: The holders a release or break ended.
+  returned: with O(state=released)
+  type: list
+  elements: dict
+  sample: []
+hostlock:
+  description: Lock timings for the P(hostlock.core.serialize#callback) callback's recap.
+  returned: always
+  type: dict
+  sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e, lease_expires: 1767225600.5}
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hostlock.core.plugins.module_utils._common import (
+    RESULT_KEY,
+    describe_holders,
+    live_holders,
+    would_acquire,
+)
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
+    HostlockError,
+    LockTimeout,
+    TokenError,
+    break_lock,
+    hold,
+    release,
+    renew,
+    status,
+)
+
+ARGUMENT_SPEC = dict(
+    name=dict(type="str", required=True),
+    state=dict(type="str", choices=["acquired", "released"], default="acquired"),
+    mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
+    slots=dict(type="int", default=1),
+    timeout=dict(type="float"),
+    lease=dict(type="float"),
+    token=dict(type="str", no_log=True),
+    force=dict(type="bool", default=False),
+    directory=dict(type="path"),
+    label=dict(type="str"),
+    on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
+)
+
+# How long a release may take to show: the holder answers the release request, then unlocks and exits.
+RELEASE_SETTLE = 2.0
+
+
+class Conflict(Exception):
+    """The lock stayed busy until the timeout; carries the result to report."""
+
+    def __init__(self, msg: str, result: dict) -> None:
+        super().__init__(msg)
+        self.result = result
+
+
+class Task:
+    """One run of the module: parameters, the lock's directory and holders, and the result it builds."""
+
+    def __init__(self, module: AnsibleModule) -> None:
+        self.module = module
+        self.p = module.params
+        self.name: str = self.p["name"]
+        self.directory: str | None = self.p["directory"]
+        self.holders: list = []
+        self.resolved = ""
+        self.refresh()
+
+    def refresh(self) -> list:
+        st = status(self.name, directory=self.directory)
+        self.holders, self.resolved = [h.as_dict() for h in st.holders], st.directory
+        return self.holders
+
+    def token_id(self) -> str:
+        # A token is "<token_id>.<secret>" (hostlock leases): the id is public, shown in holder records.
+        return (self.p["token"] or "").partition(".")[0]
+
+    def mine(self, token_id: str | None) -> dict | None:
+        return next((h for h in live_holders(self.holders) if token_id and h.get("token_id") == token_id), None)
+
+    def result(self, event: str, changed: bool, msg: str, waited: float = 0.0, **extra: object) -> dict:
+        report = dict(name=self.name, event=event, waited=waited)
+        report.update((k, extra[k]) for k in ("token_id", "lease_expires") if extra.get(k) is not None)
+        out = dict(changed=changed, msg=msg, waited=waited, holders=self.holders, directory=self.resolved)
+        out.setdefault("acquired", False)
+        out.update(extra)
+        out[RESULT_KEY] = report
+        return out
+
+    # -- state=acquired ------------------------------------------------------------------------------
+    def acquire(self) -> dict:
+        p = self.p
+        if p["token"]:
+            return self.renew()
+        if self.module.check_mode:
+            free = would_acquire(self.holders, p["mode"], p["slots"])
+            if free:
+                return self.result("check", True, f"lock {self.name} is free: a real run takes it", free=True)
+            wait = f"up to {p['timeout']}s" if p["timeout"] is not None else "until it is released"
+            busy = describe_holders(live_holders(self.holders))
+            return self.result("check", False, f"lock {self.name} is held by {busy}: a real run would wait {wait}",
+                               free=False)
+        started = time.monotonic()
+        try:
+            token = hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"], directory=self.directory,
+                         timeout=p["timeout"], label=p["label"])
+        except LockTimeout as e:
+            waited = round(time.monotonic() - started, 3)
+            self.holders = [h.as_dict() for h in e.holders]
+            msg = (f"lock {self.name} in {self.resolved} is still held after {waited}s by "
+                   f"{describe_holders(live_holders(self.holders))} (see: hostlock status {self.name})")
+            raise Conflict(msg, self.result("conflict", False, msg, waited)) from e
+        waited = round(time.monotonic() - started, 3)
+        token_id = token.partition(".")[0]
+        self.refresh()
+        mine = self.mine(token_id) or {}
+        expires = mine.get("lease_expires") or time.time() + p["lease"]
+        return self.result("acquired", True, f"took lock {self.name} (waited {waited}s, lease {p['lease']}s)",
+                           waited, acquired=True, token=token, token_id=token_id, lease_expires=expires)
+
+    def renew(self) -> dict:
+        token_id = self.token_id()
+        if self.module.check_mode:
+            held = self.mine(token_id) is not None
+            return self.result("check", held, f"would renew the lease on {self.name}" if held else
+                               f"the token holds no lease on {self.name}: a real run fails", token_id=token_id)
+        try:
+            expires = renew(self.name, self.p["token"], lease=self.p["lease"], directory=self.directory)
+        except TokenError as e:
+            raise HostlockError(f"cannot renew: {e}. The lock is not ours any more: take it again "
+                                f"(holders now: {describe_holders(live_holders(self.holders))})") from e
+        self.refresh()
+        until = time.strftime("%H:%M:%S", time.localtime(expires))
+        return self.result("renewed", True, f"renewed the lease on {self.name} until {until}", acquired=True,
+                           token=self.p["token"], token_id=token_id, lease_expires=expires)
+
+    # -- state=released ------------------------------------------------------------------------------
+    def release(self) -> dict:
+        if not self.p["token"]:
+            return self.break_lock()
+        token_id = self.token_id()
+        mine = self.mine(token_id)
+        if self.module.check_mode:
+            msg = f"would release the lease {token_id} on {self.name}" if mine else "the token holds no lease"
+            return self.result("check", mine is not None, msg, released=[mine] if mine else [], token_id=token_id)
+        try:
+            release(self.name, self.p["token"], directory=self.directory)
+        except TokenError as e:
+            if "malformed" in str(e):
+                raise
+            self.module.warn(f"lock {self.name}: the token holds no lease: it was released already or its lease "
+                             f"ran out ({e}). Holders now: {describe_holders(live_holders(self.holders))}")
+            return self.result("released", False, f"the lease on {self.name} was not held any more",
+                               released=[], token_id=token_id)
+        self.settle(token_id)
+        return self.result("released", True, f"released lock {self.name}", released=[mine] if mine else [],
+                           token_id=token_id)
+
+    def settle(self, token_id: str) -> None:
+        """Return once our lease holder is gone, so the next task finds the lock free."""
+        deadline = time.monotonic() + RELEASE_SETTLE
+        while self.mine(token_id) and time.monotonic() < deadline:
+            time.sleep(0.005)
+            self.refresh()
+
+    def break_lock(self) -> dict:
+        live = live_holders(self.holders)
+        if not self.p["force"]:
+            if not live:
+                return self.result("released", False, f"lock {self.name} is not held", released=[])
+            self.module.fail_json(msg=f"lock {self.name} is held by {describe_holders(live)}; pass the token "
+                                  "returned when it was acquired, or force=true to break the lock",
+                                  holders=self.holders, directory=self.resolved)
+        if self.module.check_mode:
+            return self.result("check", bool(live), f"would break lock {self.name} held by {describe_holders(live)}",
+                               released=live)
+        removed = [h.as_dict() for h in break_lock(self.name, directory=self.directory, force=True)]
+        self.refresh()
+        msg = f"broke lock {self.name}: ended {describe_holders(removed)}" if removed else f"{self.name} is not held"
+        return self.result("broken", bool(removed), msg, released=removed)
+
+
+def check_params(module: AnsibleModule) -> None:
+    p = module.params
+    if p["slots"] < 1:
+        module.fail_json(msg=f"slots must be 1 or more (got {p['slots']})")
+    if p["slots"] > 1 and p["mode"] != "exclusive":
+        module.fail_json(msg=f"slots={p['slots']} makes a semaphore, which needs mode=exclusive (got {p['mode']})")
+    if p["lease"] is not None and not 0 < p["lease"] < float("inf"):
+        module.fail_json(msg=f"lease must be a positive number of seconds (got {p['lease']})")
+    if p["timeout"] is not None and p["timeout"] < 0:
+        module.fail_json(msg=f"timeout must be 0 (try once) or more seconds; omit it to wait (got {p['timeout']})")
+    if p["force"] and p["state"] != "released":
+        module.fail_json(msg="force=true only applies to state=released")
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=ARGUMENT_SPEC,
+        required_if=[("state", "acquired", ("lease",))],
+        mutually_exclusive=[("token", "force")],
+        supports_check_mode=True,
+    )
+    check_params(module)
+    name = module.params["name"]
+    try:
+        task = Task(module)
+        result = task.acquire() if module.params["state"] == "acquired" else task.release()
+    except Conflict as e:
+        if module.params["on_conflict"] == "skip":
+            module.exit_json(skipped=True, name=name, **e.result)
+        module.fail_json(name=name, **e.result)
+    except (HostlockError, ValueError) as e:
+        module.fail_json(msg=f"lock {name}: {e}", name=name, directory=getattr(e, "directory", None))
+    module.exit_json(name=name, **result)
+
+
+if __name__ == "__main__":
+    main()

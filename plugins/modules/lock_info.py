@@ -1,0 +1,147 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, hostlock maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: lock_info
+short_description: List host locks with their holders, leases, waiters and stale state
+version_added: 0.1.0
+description:
+  - Reports every hostlock lock in a lock directory of the managed host, or one lock, with who holds
+    it (process, user, command or C(hostlock run) job, label), when leases run out, how many
+    processes wait, and whether a record is stale (its owner proven dead or its lease ended).
+  - The same view as C(hostlock status --json) on the host; needs nothing there but Python 3.8+.
+  - Takes, changes and releases nothing.
+options:
+  name:
+    description:
+      - Report only this lock. A lock nobody has used yet is reported with no holders.
+      - Omit to report every lock in the directory.
+    type: str
+  directory:
+    description:
+      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/lock/hostlock)
+        when usable, else a per-user runtime directory; RV(directory) says which was used.
+    type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.info_module
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: N/A
+  platform:
+    platforms: posix
+seealso:
+  - module: hostlock.core.lock
+  - module: hostlock.core.locked
+author:
+  - hostlock maintainers
+"""
+
+EXAMPLES = r"""
+- name: List every lock on the host
+  hostlock.core.lock_info:
+  register: locks
+
+- name: Show who holds what
+  ansible.builtin.debug:
+    msg: "{{ item.name }}: {{ item.holders | map(attribute='pid') | list }}"
+  loop: "{{ locks.locks }}"
+  loop_control:
+    label: "{{ item.name }}"
+
+- name: Wait until nobody holds the apt lock any more
+  hostlock.core.lock_info:
+    name: apt
+  register: apt_lock
+  until: apt_lock.locks[0].holders | rejectattr('stale') | list | length == 0
+  retries: 30
+  delay: 2
+"""
+
+RETURN = r"""
+directory:
+  description: The lock directory that was read.
+  returned: always
+  type: str
+  sample: /run/lock/hostlock
+locks:
+  description: One entry per lock, sorted by name.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The lock's name.
+      type: str
+    path:
+      description: The lock file.
+      type: str
+    mechanism:
+      description: How the lock is held (V(ofd), V(flock) or V(record)).
+      type: str
+    slots:
+      description: Number of holders the lock admits (1, or a semaphore's size).
+      type: int
+    holders:
+      description:
+        - Its holders (fields as in M(hostlock.core.lock)'s RV(hostlock.core.lock#module:holders)),
+          including V(lease_expires) and V(stale).
+      type: list
+      elements: dict
+    waiters:
+      description: Processes waiting for the lock now.
+      type: int
+    stale:
+      description: Whether stale records are left over (they block nobody; C(hostlock break) removes them).
+      type: bool
+  sample:
+    - name: apt
+      path: /run/lock/hostlock/apt.lock
+      mechanism: ofd
+      slots: 1
+      holders:
+        - pid: 4242
+          user: root
+          mode: exclusive
+          lease_expires: 1767225600.1
+          stale: false
+      waiters: 1
+      stale: false
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
+    HostlockError,
+    default_directory,
+    list_locks,
+    status,
+)
+
+
+def collect(name: str | None, directory: str | None) -> dict:
+    found = [status(name, directory=directory)] if name else list_locks(directory=directory)
+    locks = sorted((s.as_dict() for s in found), key=lambda s: s.get("name") or "")
+    resolved = found[0].directory if found else (directory or default_directory())
+    return dict(changed=False, locks=locks, directory=resolved)
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(name=dict(type="str"), directory=dict(type="path")),
+        supports_check_mode=True,
+    )
+    try:
+        module.exit_json(**collect(module.params["name"], module.params["directory"]))
+    except (HostlockError, ValueError) as e:
+        module.fail_json(msg=str(e), directory=getattr(e, "directory", None))
+
+
+if __name__ == "__main__":
+    main()
