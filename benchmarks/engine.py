@@ -129,13 +129,13 @@ ANCHORS = [
 # -- (a) and (d): uncontended cycle -------------------------------------------------------------------------
 def cycle_us(lock: AnyLock, cycles: int, repeats: int) -> float:
     """Median over repeats of the mean acquire+release time in one batch, in microseconds."""
-    for _ in range(max(1, cycles // 10)):  # warm up: files created, caches hot
+    for _i in range(max(1, cycles // 10)):  # warm up: files created, caches hot
         lock.acquire()
         lock.release()
     batches = []
-    for _ in range(repeats):
+    for _batch in range(repeats):
         t0 = time.perf_counter_ns()
-        for _ in range(cycles):
+        for _i in range(cycles):
             lock.acquire()
             lock.release()
         batches.append((time.perf_counter_ns() - t0) / cycles / 1000)
@@ -164,7 +164,7 @@ def handoff_ms(factory: Callable[[str, str], AnyLock], directory: str, samples: 
     name = "handoff"
     holder = factory(directory, name)
     out = []
-    for _ in range(samples):
+    for _i in range(samples):
         holder.acquire()
         r, w = os.pipe()
         pid = os.fork()
@@ -220,7 +220,7 @@ def contend(
     go_r, go_w = os.pipe()
     res_r, res_w = os.pipe()
     pids = []
-    for _ in range(procs):
+    for _i in range(procs):
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -231,7 +231,7 @@ def contend(
                 cfd = os.open(counter, os.O_RDWR)
                 os.read(go_r, 1)  # EOF when the parent closes go_w: all start together
                 worst = 0
-                for _ in range(cycles):
+                for _i in range(cycles):
                     t0 = now_ns()
                     lock.acquire()
                     worst = max(worst, now_ns() - t0)
@@ -250,7 +250,7 @@ def contend(
     time.sleep(0.1)  # children open their locks
     start = now_ns()
     os.close(go_w)
-    reports = [struct.unpack("qq", read_exact(res_r, 16)) for _ in range(procs)]
+    reports = [struct.unpack("qq", read_exact(res_r, 16)) for _i in range(procs)]
     os.close(res_r)
     for pid in pids:
         os.waitpid(pid, 0)
@@ -258,8 +258,8 @@ def contend(
         (total,) = struct.unpack("q", f.read(8))
     if total != procs * cycles:
         raise RuntimeError(f"counter is {total}, expected {procs * cycles}: two holders overlapped")
-    wall = (max(end for _, end in reports) - start) / 1e9
-    return procs * cycles / wall, max(worst for worst, _ in reports) / 1e6
+    wall = (max(end for _worst, end in reports) - start) / 1e9
+    return procs * cycles / wall, max(worst for worst, _end in reports) / 1e6
 
 
 # -- the run -------------------------------------------------------------------------------------------------
@@ -295,7 +295,7 @@ def run(cfg: Config, only: list[str] | None, log: Callable[[str], None]) -> list
             log(f"{anchor.label}: {cfg.procs} processes x {cycles} cycles x{cfg.contend_repeats}")
             runs = [
                 contend(anchor.factory, d, cfg.procs, cycles, int(cfg.hold_us * 1000))
-                for _ in range(cfg.contend_repeats)
+                for _i in range(cfg.contend_repeats)
             ]
             anchor.results["throughput"] = statistics.median(r[0] for r in runs)
             anchor.results["worst_ms"] = statistics.median(r[1] for r in runs)
