@@ -36,15 +36,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _probe_directory(dirfd: int) -> str:
-    fd = os.open(".hostlock-probe", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
-                 0o600, dir_fd=dirfd)
-    try:
-        return _kernel.probe(fd)
-    finally:
-        os.close(fd)
-
-
 class Lock:
     """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory."""
 
@@ -72,7 +63,7 @@ class Lock:
         self._file: _kernel.OfdFile | None = None
         dirfd, self._shared_dir = open_directory(self.directory)
         try:
-            self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, lambda: _probe_directory(dirfd))
+            self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, _kernel.probe)
             if self.mechanism == "ofd" and not _kernel.HAS_OFD:
                 raise MechanismError("lock directory %s uses OFD locks, which this platform lacks"
                                      % self.directory, directory=self.directory)

@@ -254,8 +254,12 @@ def parse(args: list[str], cron: bool) -> Options:
 # ---------------------------------------------------------------------------------------------- the job
 
 
-def _set_pdeathsig() -> bool:
-    """prctl(PR_SET_PDEATHSIG, SIGKILL) in the forked child; `_ctypes` directly, `ctypes` costs ~4 ms more."""
+def _prctl() -> object:
+    """libc's prctl(2) as a callable, or None; made in the parent before fork so the child only calls it.
+
+    `_ctypes` directly: `import ctypes` costs ~4 ms more, and importing in the forked child costs more
+    than here (copy-on-write faults), on the path every `hostlock run` waits for.
+    """
     try:
         import _ctypes
 
@@ -269,25 +273,26 @@ def _set_pdeathsig() -> bool:
         class _Self:
             _handle = _ctypes.dlopen(None)
 
-        return _Func(("prctl", _Self()))(_PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0) == 0
+        return _Func(("prctl", _Self()))
     except Exception:
         pass
-    try:  # the documented way, if the private one ever changes
+    try:  # the documented way, should the private one ever change
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl
     except Exception:
-        return False
+        return None
 
 
-def _exec_child(argv: list[str], parent: int, new_group: bool, mask: object, out_fd: int | None) -> None:
+def _exec_child(argv: list[str], parent: int, new_group: bool, mask: object, out_fd: int | None,
+                prctl: object) -> None:
     """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
     code = c.EX_OSERR
     try:
         if new_group:
             os.setpgid(0, 0)
-        _set_pdeathsig()
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
         if os.getppid() != parent:
             # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
             os._exit(c.EX_OSERR)
@@ -301,7 +306,7 @@ def _exec_child(argv: list[str], parent: int, new_group: bool, mask: object, out
         if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
             _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)  # type: ignore[arg-type]
-        os.execvp(argv[0], argv)
+        _execvp(argv)
     except OSError as exc:
         c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
         code = c.EX_OSERR if exc.errno == c._errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
@@ -309,6 +314,24 @@ def _exec_child(argv: list[str], parent: int, new_group: bool, mask: object, out
         pass
     finally:
         os._exit(code)
+
+
+def _execvp(argv: list[str]) -> None:
+    """execvp(3): search PATH like the shell. os.execvp would import `warnings` (~1 ms) on every run."""
+    file = argv[0]
+    if "/" in file:
+        os.execv(file, argv)
+    path = os.environ.get("PATH")
+    dirs = (path if path is not None else os.defpath).split(":")
+    first: OSError | None = None
+    for d in dirs:
+        try:
+            os.execv(os.path.join(d or ".", file), argv)
+        except OSError as exc:
+            # Keep looking past "not here"; remember the first real reason (EACCES...), as execvp(3) does.
+            if exc.errno not in (c._errno.ENOENT, c._errno.ENOTDIR) and first is None:
+                first = exc
+    raise first or FileNotFoundError(c._errno.ENOENT, os.strerror(c._errno.ENOENT), file)
 
 
 def _in_terminal_foreground() -> bool:
@@ -403,6 +426,9 @@ def supervise(lock: Lock, o: Options, out_fd: int | None = None) -> Outcome:
     """Fork and exec the job, forward signals, enforce --timeout, reap it; the lock stays held throughout."""
     argv = o.command
     new_group = o.pgroup == "new" or (o.pgroup == "auto" and not _in_terminal_foreground())
+    prctl = _prctl()
+    if prctl is None and o.verbose:
+        c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
     parent = os.getpid()
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
     started = time.monotonic()
@@ -412,7 +438,7 @@ def supervise(lock: Lock, o: Options, out_fd: int | None = None) -> Outcome:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         raise
     if pid == 0:
-        _exec_child(argv, parent, new_group, old_mask, out_fd)
+        _exec_child(argv, parent, new_group, old_mask, out_fd, prctl)
     watcher = -1
     if new_group:
         try:

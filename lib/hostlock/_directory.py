@@ -76,7 +76,9 @@ def open_directory(path: str) -> tuple[int, bool]:
             raise LockDirectoryError(
                 "lock directory %s is a symlink or not a directory: refusing it; point HOSTLOCK_DIR at a real "
                 "directory" % path, directory=path, errno=e.errno) from None
-        raise LockDirectoryError("cannot open lock directory %s: %s" % (path, e.strerror),
+        hint = ("; ask an administrator to admit you to its group, or set HOSTLOCK_DIR to your own directory"
+                if e.errno in (errno.EACCES, errno.EPERM) else "")
+        raise LockDirectoryError("cannot open lock directory %s: %s%s" % (path, e.strerror, hint),
                                  directory=path, errno=e.errno) from None
     st = os.fstat(fd)
     why = _distrust(st)
@@ -164,19 +166,20 @@ def _file_error(what: str, path: str, e: OSError) -> Exception:
 def directory_mechanism(dirfd: int, directory: str, requested: str, probe: object) -> str:
     """The directory's one mechanism: every process on a directory must use the same one, or none excludes.
 
-    The first user records it in a marker file; `probe()` returns the kernel mechanism that works here
+    The first user records it in a marker file; `probe(fd)` returns the kernel mechanism that works here
     ("ofd"/"flock") or "record" when the filesystem refuses kernel locks.
     """
     try:
         fd = os.open(MARKER, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
     except FileNotFoundError:
-        chosen = requested if requested != "auto" else probe()  # type: ignore[operator]
         tmp = "%s.%d" % (MARKER, os.getpid())
         try:
-            wfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644,
+            wfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644,
                           dir_fd=dirfd)
             try:
                 os.fchmod(wfd, 0o644)
+                # Probe kernel locks on the marker file itself: no extra file left behind.
+                chosen = requested if requested != "auto" else probe(wfd)  # type: ignore[operator]
                 os.write(wfd, (chosen + "\n").encode())
             finally:
                 os.close(wfd)
@@ -187,9 +190,7 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: objec
             finally:
                 os.unlink(tmp, dir_fd=dirfd)
         except OSError as e:
-            if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC):
-                raise _file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
-            raise
+            raise _file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
         return directory_mechanism(dirfd, directory, requested, probe)
     except OSError as e:
         raise _file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None

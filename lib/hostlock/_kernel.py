@@ -69,13 +69,14 @@ _MAIN_UNLOCK = _pack(UN, MAIN)
 class OfdFile:
     """One open file description of a lock file; its locks are its own, not the process's."""
 
-    __slots__ = ("fd", "path", "ticket")
+    __slots__ = ("fd", "path", "ticket", "at_head")
     fair = True
 
     def __init__(self, fd: int, path: str) -> None:
         self.fd = fd
         self.path = path
         self.ticket: int | None = None  # our place in line while waiting
+        self.at_head = False  # the waiter ahead has reached the lock: we wait on the lock itself
 
     def lock(self, start: int, kind: int, wait: bool) -> bool:
         try:
@@ -243,11 +244,12 @@ class KernelMechanism:
         got = race.wait(deadline)
         if got is TIMED_OUT:
             with race.mutex:
-                ticket = mine.ticket
-                if ticket is not None:
-                    # Leave the line now, so whoever is behind us moves up at once; the helper keeps
-                    # its descriptor (closing it under a blocked fcntl would let the number be reused).
-                    mine.unlock(QUEUE0 + ticket)
+                if mine.ticket is not None and mine.at_head:
+                    # Already first in line: step aside now so the next waiter moves up at once. Further
+                    # back we keep our place until the waiter ahead reaches the lock (the helper then
+                    # leaves), or those behind us could overtake a writer ahead of us. The helper keeps its
+                    # descriptor: closing it under a blocked fcntl would let the number be reused.
+                    mine.unlock(QUEUE0 + mine.ticket)
                     mine.ticket = None
             return None
         return got  # type: ignore[return-value]
@@ -290,8 +292,11 @@ class KernelMechanism:
                 # Sleep in the kernel until the waiter ahead reaches the lock (or gives up, or dies).
                 f.lock(QUEUE0 + ticket - 1, RD, True)
                 f.unlock(QUEUE0 + ticket - 1)
-            if race is not None and race.abandoned:
-                return None
+            if race is not None:
+                with race.mutex:
+                    if race.abandoned:
+                        return None
+                    f.at_head = True
             return self._take(f, mode, slots, wait=True, owned=owned)
         finally:
             if race is not None:

@@ -84,7 +84,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     last = lines[-1] if lines else ""
     if last.startswith("OK "):
         return token
-    if last.startswith("TIMEOUT "):
+    if last.startswith("TIMEOUT"):
         from ._api import status
 
         st = status(name, directory)
@@ -182,8 +182,8 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                 else:
                     conn.sendall(b"ERR unknown request\n")
     finally:
+        sock.close()  # stop answering first, so nobody reaches a holder that no longer holds
         lock.release()
-        sock.close()
         if not _address(directory, token_id).startswith("\0"):
             try:
                 os.unlink(_address(directory, token_id))
@@ -211,11 +211,17 @@ def _request(name: str, token: str, directory: str | None, words: str) -> str:
             raise
         sock.sendall(("%s %s %s %s\n" % (words.split()[0], name, secret, " ".join(words.split()[1:]))).encode())
         reply = b""
-        while not reply.endswith(b"\n"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            reply += chunk
+        try:
+            while not reply.endswith(b"\n"):
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            reply = b""
+        if not reply:
+            raise TokenError("no lease %s on lock %r: it expired, was released, or its holder died"
+                             % (tid, name), directory=directory)
     finally:
         sock.close()
     text = reply.decode("utf-8", "replace").strip()

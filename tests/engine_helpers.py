@@ -1,0 +1,42 @@
+"""Helpers shared by the engine tests (unit and integration): real child processes with hostlock importable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
+if LIB not in sys.path:
+    sys.path.insert(0, LIB)
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = LIB + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def spawn(code: str, *args: str, **kw) -> subprocess.Popen:
+    """Start a real Python child running `code` (dedented) with hostlock importable."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args], env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def wait_line(proc: subprocess.Popen, expected: str, timeout: float = 10.0) -> str:
+    """Read the child's stdout until a line starting with `expected` (the child says it is ready)."""
+    import select
+
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(expected):
+                return line.strip()
+    raise AssertionError("child never printed %r; stderr: %s" % (expected, proc.stderr.read() if proc.poll() is not None else "(running)"))

@@ -1,0 +1,107 @@
+"""Leases: a detached holder keeps the lock until release, expiry, or death; only its token controls it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import hostlock
+
+
+def _wait_free(name, d, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not hostlock.holders(name, d):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_hold_release(mechdir):
+    token = hostlock.hold("l", lease=30, directory=mechdir, label="ansible: play web")
+    try:
+        h = hostlock.holders("l", mechdir)[0]
+        assert h.pid != os.getpid() and h.alive and h.label == "ansible: play web"
+        assert h.token_id == token.split(".")[0] and token.split(".")[1] not in repr(h.as_dict())
+        assert h.lease_expires and 25 < h.lease_expires - time.time() <= 30
+        with pytest.raises(hostlock.LockTimeout):
+            hostlock.Lock("l", directory=mechdir).acquire(timeout=0)
+    finally:
+        hostlock.release("l", token, mechdir)
+    assert _wait_free("l", mechdir)
+    with pytest.raises(hostlock.TokenError, match="expired, was released"):
+        hostlock.release("l", token, mechdir)
+
+
+def test_holder_detaches_fully(lockdir):
+    token = hostlock.hold("d", lease=30, directory=lockdir)
+    try:
+        pid = hostlock.holders("d", lockdir)[0].pid
+        assert os.getsid(pid) != os.getsid(0)  # left our session: no SIGHUP from our terminal or SSH
+        fds = os.listdir("/proc/%d/fd" % pid)
+        targets = [os.readlink("/proc/%d/fd/%s" % (pid, fd)) for fd in fds]
+        assert all(t == "/dev/null" or t.endswith("d.lock") or t.startswith("socket:") for t in targets), targets
+    finally:
+        hostlock.release("d", token, lockdir)
+
+
+def test_renew_and_expiry(lockdir):
+    token = hostlock.hold("e", lease=0.6, directory=lockdir)
+    expiry = hostlock.renew("e", token, lease=1.5, directory=lockdir)
+    assert 1.0 < expiry - time.time() <= 1.501  # expiry is kept to the millisecond
+    assert hostlock.holders("e", lockdir)[0].lease_expires == pytest.approx(expiry, abs=0.01)
+    time.sleep(0.8)
+    assert hostlock.holders("e", lockdir)  # the renewal outlived the first lease
+    assert _wait_free("e", lockdir, timeout=3)
+    with pytest.raises(hostlock.TokenError):
+        hostlock.renew("e", token, directory=lockdir)
+
+
+def test_wrong_and_malformed_tokens_are_refused(lockdir):
+    token = hostlock.hold("w", lease=30, directory=lockdir)
+    try:
+        tid = token.split(".")[0]
+        with pytest.raises(hostlock.TokenError, match="refused"):
+            hostlock.release("w", tid + "." + "0" * 32, lockdir)
+        with pytest.raises(hostlock.TokenError, match="refused"):
+            hostlock.release("other", token, lockdir)  # a token belongs to one lock name
+        with pytest.raises(hostlock.TokenError, match="malformed"):
+            hostlock.release("w", "guess", lockdir)
+        assert hostlock.holders("w", lockdir)
+    finally:
+        hostlock.release("w", token, lockdir)
+
+
+def test_killed_holder_frees_the_lock(mechdir):
+    token = hostlock.hold("k", lease=60, directory=mechdir)
+    pid = hostlock.holders("k", mechdir)[0].pid
+    os.kill(pid, signal.SIGKILL)
+    hostlock.Lock("k", directory=mechdir).acquire(timeout=3).release()
+    with pytest.raises(hostlock.TokenError):
+        hostlock.release("k", token, mechdir)
+
+
+def test_hold_times_out_naming_the_holder(lockdir):
+    held = hostlock.Lock("busy", directory=lockdir, label="the blocker").acquire()
+    with pytest.raises(hostlock.LockTimeout, match="the blocker"):
+        hostlock.hold("busy", lease=10, directory=lockdir, timeout=0.2)
+    held.release()
+
+
+def test_break_ends_an_expired_or_forced_lease(lockdir):
+    token = hostlock.hold("b", lease=30, directory=lockdir)
+    assert hostlock.break_lock("b", lockdir) == []  # live and within its lease: nothing stale
+    acted = hostlock.break_lock("b", lockdir, force=True)
+    assert len(acted) == 1
+    assert _wait_free("b", lockdir)
+    with pytest.raises(hostlock.TokenError):
+        hostlock.release("b", token, lockdir)
+
+
+def test_bad_lease(lockdir):
+    for bad in (0, -1, float("inf")):
+        with pytest.raises(ValueError):
+            hostlock.hold("x", lease=bad, directory=lockdir)
