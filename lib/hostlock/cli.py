@@ -6,6 +6,7 @@ This module only dispatches: each subcommand lives in `_cli_run` (run, cron: han
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import _cli_common as c
@@ -38,11 +39,30 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hostlock` command; returns the exit status (see docs/cli.md)."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
     except KeyboardInterrupt:
-        return 130
+        code = 130
     except BrokenPipeError:  # `hostlock list | head`: not an error worth a traceback
-        return 141
+        code = 141
+    if argv is None:
+        _fast_exit(code)
+    return code
+
+
+def _fast_exit(code: int) -> None:
+    """Exit without the interpreter's teardown, which costs ~3 ms of a 20 ms `hostlock run NAME true`.
+
+    Only when running as the command (main() without argv): library callers get a return value. Every
+    lock is already released and every output flushed here; nothing registers atexit handlers.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:
+        code = code or 141
+    except (OSError, ValueError):
+        pass
+    os._exit(code)
 
 
 def _dispatch(args: list[str]) -> int:

@@ -6,7 +6,7 @@ import socket
 import time
 
 import pytest
-from conftest import wait_file
+from conftest import wait_file, wait_until
 
 
 def bare_env(cli):
@@ -94,11 +94,9 @@ def test_wait_for_the_previous_run(cli):
 def test_sigterm_to_cron_mode_reaches_the_job(cli, tmp_path):
     mark = tmp_path / "got"
     ready = tmp_path / "ready"
-    p = cli.start("cron", "--name", "n", "-c", f"trap 'echo TERM > {mark}; exit 0' TERM; touch {ready}; sleep 30 & wait")
-    wait_file_exists = time.monotonic() + 10
-    while not ready.exists():
-        assert time.monotonic() < wait_file_exists
-        time.sleep(0.02)
+    job = f"trap 'echo TERM > {mark}; exit 0' TERM; touch {ready}; sleep 30 & wait"
+    p = cli.start("cron", "--name", "n", "-c", job)
+    wait_until(ready.exists, 10, "the job to start")
     p.terminate()
     assert p.wait(10) == 0
     assert mark.read_text() == "TERM\n"

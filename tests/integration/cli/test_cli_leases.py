@@ -59,8 +59,6 @@ def test_an_expired_lease_frees_the_lock_and_its_token_is_refused(cli):
     assert cli.run("renew", "short", token).returncode == 77
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: _lease.hold() tests last.startswith('TIMEOUT ') but the "
-                   "holder reports 'TIMEOUT' without a space, so a busy lock raises HostlockError, not LockTimeout")
 def test_hold_conflict_uses_the_conflict_code(cli, lease):
     r = cli.run("hold", "deploy", "--lease", "5", "-n")
     assert r.returncode == 75, r.stderr
