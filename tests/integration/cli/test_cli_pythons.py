@@ -1,0 +1,49 @@
+"""The command on every interpreter the library supports (3.8-3.13), installed the role's way: the hand
+parser, fork/exec, PR_SET_PDEATHSIG through _ctypes, sigtimedwait, the admin commands' argparse."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+from conftest import make_launcher, pid_alive, wait_until
+
+VERSIONS = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
+
+
+def interpreter(version):
+    found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    found += [p for p in (f"/usr/bin/python{version}",) if os.path.exists(p)]
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_command_on(version, tmp_path):
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    hl = str(make_launcher(tmp_path, python))
+    env = {"PATH": "/usr/bin:/bin", "HOSTLOCK_DIR": str(tmp_path)}
+
+    def run(*args):
+        return subprocess.run([hl, *args], capture_output=True, text=True, env=env, timeout=30)
+
+    r = run("run", "a", "-c", "echo ok; exit 3")
+    assert (r.returncode, r.stdout, r.stderr) == (3, "ok\n", "")
+    assert run("run", "a", "sh", "-c", "kill -TERM $$").returncode == 143
+    assert run("cron", "--", "sh", "-c", "echo quiet").stdout == ""
+    # a holder killed with SIGKILL takes its job along
+    pidfile = tmp_path / "pid"
+    p = subprocess.Popen([hl, "run", "b", "-c", f"echo $$ > {pidfile}; exec sleep 60"], env=env,
+                         start_new_session=True)
+    wait_until(lambda: pidfile.exists() and pidfile.read_text().endswith("\n"), 10, "the job")
+    job = int(pidfile.read_text())
+    r = run("status", "--json", "b")
+    assert json.loads(r.stdout)["locks"][0]["holders"][0]["job_pid"] == job
+    assert run("run", "-n", "b", "true").returncode == 75
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    wait_until(lambda: not pid_alive(job), 5, "the job to die with hostlock")
+    assert run("run", "-n", "b", "true").returncode == 0
