@@ -16,6 +16,6 @@ test-cli-unit: venv
 
 BENCH_CLI_ARGS ?=
 bench-cli: venv
-	$(PY) benchmarks/cli.py $(BENCH_CLI_ARGS)
+	$(PY) benchmarks/cli.py --docs docs/benchmarks.md $(BENCH_CLI_ARGS)
 
 TEST_TARGETS += test-cli

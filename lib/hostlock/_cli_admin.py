@@ -275,6 +275,10 @@ def cmd_status(ns: argparse.Namespace) -> int:
     """status [NAME] / list: the table, or {"schema", "directory", "locks": [...]}."""
     name = getattr(ns, "name", None)
     directory = _directory(ns)
+    exists = os.path.isdir(directory)
+    if not exists and ns.dir:  # an explicit --dir that does not exist is a typo, not "no locks"
+        c.say("lock directory %s does not exist" % directory)
+        return c.EX_NOINPUT
     if name:
         statuses = [status(name, directory=directory)]
     else:
@@ -282,7 +286,7 @@ def cmd_status(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json({"schema": STATUS_SCHEMA, "directory": directory, "locks": [lock_json(s) for s in statuses]})
         return 0
-    out = "directory: %s\n" % directory
+    out = "directory: %s%s\n" % (directory, "" if exists else " (does not exist yet)")
     if statuses:
         out += table(statuses, ns.wide)
     else:

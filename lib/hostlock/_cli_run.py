@@ -522,6 +522,11 @@ def supervise(lock: Lock, o: Options, out_fd: int | None = None) -> Outcome:
             except OSError:
                 pass
             os.close(watcher)
+        # Signals that came after the job ended were meant for it, not for us: drop them, then restore
+        # the mask (for callers of main() in a process that goes on).
+        while _signal.sigtimedwait(_WAITED, 0) is not None:
+            pass
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
     return Outcome(status, timed_out, time.monotonic() - started, pid, tty_sigint)
 
 
