@@ -1,8 +1,6 @@
 """`python -m hostlock ...` runs the command line."""
 
-import sys
-
 from .cli import main
 
 if __name__ == "__main__":  # not when merely imported (e.g. by ansible-test's import sanity test)
-    sys.exit(main())
+    raise SystemExit(main())

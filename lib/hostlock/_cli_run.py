@@ -687,7 +687,7 @@ def _capture_file() -> int:
                 return os.open(d, flags | os.O_TMPFILE, 0o600)
             except OSError as exc:
                 last = exc  # EISDIR/EOPNOTSUPP: kernel or fs without O_TMPFILE; fall back to create+unlink
-        for _ in range(5):
+        for _attempt in range(5):
             path = os.path.join(d, ".hostlock-cron-%s" % os.urandom(8).hex())
             try:
                 fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -95,7 +95,3 @@ def _dispatch(args: list[str]) -> int:
                              % command)
     return c.usage_error("unknown command %r: use run, cron, status, list, hold, renew, release or break"
                          % command)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
