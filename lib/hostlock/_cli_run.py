@@ -561,22 +561,8 @@ def _mode_text(o: Options) -> str:
 
 
 def conflict_text(name: str, exc: BaseException, waited: float | None) -> str:
-    """'NAME is busy: held by pid 12 (job 34: backup.sh) since ...' for the one-line conflict message."""
-    parts = []
-    for h in getattr(exc, "holders", None) or []:
-        who = "pid %s" % getattr(h, "pid", "?")
-        user = getattr(h, "user", None)
-        if user:
-            who += " (%s)" % user
-        job_pid = getattr(h, "job_pid", None)
-        if job_pid:
-            who += ", job pid %d: %s" % (job_pid, getattr(h, "job_cmdline", None) or "?")
-        elif getattr(h, "cmdline", None):
-            who += ": %s" % h.cmdline
-        since = getattr(h, "acquired_at", None)
-        if since:
-            who += ", since %s" % c.format_time(since)
-        parts.append(who)
+    """'lock NAME is busy: held by pid 12 running job pid 34 (user root, backup.sh, since 02:00:01)'."""
+    parts = [h.describe() for h in getattr(exc, "holders", None) or []]
     held = "; ".join(parts[:3]) + ("; and %d more" % (len(parts) - 3) if len(parts) > 3 else "")
     gave_up = "" if not waited else " (waited %s)" % c.format_span(waited)
     return "lock %s is busy%s%s" % (name, gave_up, ": held by " + held if held else "")

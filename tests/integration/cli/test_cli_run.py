@@ -131,9 +131,6 @@ def test_slots_wait_for_a_free_slot(cli):
     assert (r.returncode, r.stdout, r.stderr) == (0, "third\n", "")
 
 
-@pytest.mark.xfail(strict=True, reason="engine bug: Lock(slots=N).acquire(timeout=T) on a full semaphore: "
-                   "_kernel._any_slot(owned=True) closes the description, then _queued's finally unlocks "
-                   "QUEUE0+ticket on it: OSError EBADF (exit 71) when a slot frees")
 def test_slots_wait_with_a_deadline_for_a_free_slot(cli):
     slots_busy(cli)
     r = cli.run("run", "-w", "10", "--slots", "2", "a", "echo", "third")
