@@ -321,6 +321,24 @@ def test_unusable_lock_directory(cli, tmp_path):
     assert str(notadir) in r.stderr and r.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("plant", ["symlink", "fifo", "world-writable"])
+def test_hostile_lock_paths_are_refused_with_66(cli, tmp_path, plant):
+    d = tmp_path / "hostile"
+    d.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    if plant == "symlink":
+        (d / "a.lock").symlink_to(victim)
+    elif plant == "fifo":
+        os.mkfifo(d / "a.lock")
+    else:
+        d.chmod(0o777)
+    r = cli.run("run", "-d", d, "a", "echo", "ran", timeout=10)
+    assert (r.returncode, r.stdout) == (66, "")
+    assert str(d) in r.stderr and r.stderr.count("\n") == 1
+    assert victim.read_text() == "precious\n"
+
+
 def test_read_only_file_system_is_73(cli, tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root for a private read-only mount")
