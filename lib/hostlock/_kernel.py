@@ -260,8 +260,8 @@ class KernelMechanism:
         except BaseException:
             f.close()
             raise
-        if held is None:
-            f.close()
+        if held is None or held.file is not f:
+            f.close()  # gave up, or a semaphore slot was won on another description
         return held
 
     def _undo(self, held: Held) -> None:
@@ -328,27 +328,26 @@ class KernelMechanism:
                 return Held(f, SLOT0 + k, 1 + k, k, None, owned)
         if not wait:
             return None
-        return self._any_slot(f, slots, owned)
+        return self._any_slot(f, slots)
 
-    def _any_slot(self, f: OfdFile, slots: int, owned: bool) -> Held:
+    def _any_slot(self, f: OfdFile, slots: int) -> Held:
         """Sleep until any of the slots frees: one kernel wait per slot, each on its own description."""
         race = Race(undo=lambda held: self.release(held))
+        # Open every description here, before any thread runs: a thread that started late could
+        # otherwise reopen /proc/self/fd/N after N was closed and reused for another file.
+        mine = [f.reopen() for _ in range(slots)]
 
         def wait_slot(k: int) -> Held:
-            mine = f.reopen()
             try:
-                mine.lock(SLOT0 + k, WR, True)
+                mine[k].lock(SLOT0 + k, WR, True)
             except BaseException:
-                mine.close()
+                mine[k].close()
                 raise
-            return Held(mine, SLOT0 + k, 1 + k, k, None, True)
+            return Held(mine[k], SLOT0 + k, 1 + k, k, None, True)
 
         for k in range(slots):
             race.spawn(wait_slot, k)
-        held = race.wait(None)
-        if owned:
-            f.close()  # the winner brought its own description
-        return held  # type: ignore[return-value]
+        return race.wait(None)  # type: ignore[return-value]
 
     # -- holding -------------------------------------------------------------------------------------
     def write_record(self, held: Held, data: bytes) -> None:

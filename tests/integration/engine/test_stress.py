@@ -40,9 +40,13 @@ def test_sigkill_at_random_points_never_gives_two_holders(mechdir, tmp_path):
     cycles = 100000 if mech != "record" else 5000
     rng = random.Random(7)
 
+    killed = tmp_path / "killed"
+    killed.write_text("")
+    env = dict(os.environ, STRESS_KILLED=str(killed))
+
     def start():
         return subprocess.Popen([sys.executable, WORKER, mechdir, str(det), "exclusive", str(cycles), "1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
     procs = [start() for _ in range(6)]
     kills = 0
@@ -52,12 +56,16 @@ def test_sigkill_at_random_points_never_gives_two_holders(mechdir, tmp_path):
             time.sleep(rng.uniform(0.05, 0.3))
             victim = rng.randrange(len(procs))
             if procs[victim].poll() is None:
+                with open(killed, "a") as f:
+                    f.write("%d\n" % procs[victim].pid)  # named before the kill: see stress_worker.alive
                 procs[victim].send_signal(signal.SIGKILL)
                 kills += 1
             out, err = procs[victim].communicate()
             assert "OVERLAP" not in out, out
             procs[victim] = start()
     finally:
+        with open(killed, "a") as f:
+            f.write("".join("%d\n" % p.pid for p in procs))
         for p in procs:
             p.kill()
         for p in procs:
