@@ -193,6 +193,22 @@ def test_sigkill_to_hostlock_kills_the_job_and_its_children_and_frees_the_lock(c
     assert (r.returncode, r.stdout) == (0, "free\n")
 
 
+def test_no_second_copy_starts_while_a_killed_holders_job_lives(cli, tmp_path):
+    """A waiter queued behind a holder that gets SIGKILL must not start before the old job is gone."""
+    pids = tmp_path / "pids"
+    p = cli.start("run", "a", "-c", f"sleep 300 & echo $$ $! > {pids}; wait")
+    old = wait_file(pids).split()
+    cli.wait_held("a")
+    alive = " ".join(f"$(cut -d' ' -f3 /proc/{pid}/stat 2>/dev/null)" for pid in old)
+    waiter = cli.start("run", "-w", "20", "a", "-c", f'echo "old job states: [{alive}]"')
+    wait_until(lambda: cli.status("a")["waiters"] == 1, 10, "the second copy to queue")
+    p.send_signal(signal.SIGKILL)
+    out, err = waiter.communicate(timeout=20)
+    assert waiter.returncode == 0, err
+    states = out.split("[", 1)[1].split("]")[0].split()
+    assert all(state == "Z" for state in states), out  # dead (at most not yet reaped), never running
+
+
 def test_sigkill_kills_the_job_in_the_same_process_group_too(cli, tmp_path):
     pidfile = tmp_path / "pid"
     p = cli.start("run", "--process-group", "same", "a", "-c", f"echo $$ > {pidfile}; exec sleep 300")
