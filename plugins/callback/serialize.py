@@ -22,7 +22,7 @@ description:
     lease the run left held on a host.
   - In check mode (C(--check)) it takes no lock; it says which hosts are busy.
   - A callback cannot fail a run by raising (ansible-core turns its exceptions into warnings). When a
-    host stays busy past O(timeout), or at once with O(fail_fast), this callback ends the run itself:
+    host stays busy past O(timeout), or at once with O(fail_fast), this callback ends the run itself;
     it prints the holders and exits C(ansible-playbook) with status 75 (EX_TEMPFAIL, "try again
     later"), before the play runs any task.
   - Only the inventory hosts a play targets are locked; hosts reached through C(delegate_to) are not.
@@ -93,7 +93,7 @@ seealso:
   - module: hostlock.core.lock
   - module: hostlock.core.locked
 author:
-  - hostlock maintainers
+  - hostlock maintainers (@hostlock)
 """
 
 import hashlib

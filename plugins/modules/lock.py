@@ -14,7 +14,7 @@ description:
   - Takes a hostlock lock on the managed host and keeps it after the task ends, until a later task
     releases it with the returned RV(token), or until the O(lease) runs out, whichever comes first.
   - A lock taken inside a module would die with the module's process. This module therefore leaves a
-    small detached holder process on the host (the engine's C(hostlock.hold)): it closes every
+    small detached holder process on the host (the engine's C(hostlock.hold)), which closes every
     inherited descriptor and leaves the session, so it never keeps the SSH connection or the module's
     pipes open, and it ends itself when the lease runs out.
   - The same locks are seen by the C(hostlock) command on the host (C(hostlock run NAME ...) in a cron
@@ -125,7 +125,7 @@ seealso:
   - plugin: hostlock.core.serialize
     plugin_type: callback
 author:
-  - hostlock maintainers
+  - hostlock maintainers (@hostlock)
 """
 
 EXAMPLES = r"""
@@ -204,12 +204,12 @@ token:
     - Anyone with the token can release the lease, so treat it like a password.
   returned: when a lease was taken or renewed
   type: str
-  sample: 3f1c2e.bd2a6c0f5e8a4d2b9c1e7f30
+  sample: 3f1c2e5a9b07.bd2a6c0f5e8a4d2b9c1e7f30a6d4c2b1
 token_id:
   description: Public id of the lease, as shown by C(hostlock status) and RV(holders[].token_id).
   returned: when a lease was taken, renewed or released
   type: str
-  sample: 3f1c2e
+  sample: 3f1c2e5a9b07
 lease_expires:
   description: When the lease runs out (seconds since the epoch).
   returned: when a lease was taken or renewed
@@ -261,6 +261,9 @@ holders:
     stale:
       description: Whether the record is left over from a dead owner (it blocks nobody).
       type: bool
+    token_id:
+      description: Public id of the holder's lease, or V(null) for a process holding the lock itself.
+      type: str
   sample:
     - pid: 4242
       user: root
@@ -273,6 +276,7 @@ holders:
       acquired_at: 1767225000.1
       lease_expires: 1767225600.1
       stale: false
+      token_id: 3f1c2e5a9b07
 free:
   description: In check mode, whether the lock would be granted right now.
   returned: in check mode with O(state=acquired)
@@ -288,7 +292,7 @@ hostlock:
   description: Lock timings for the P(hostlock.core.serialize#callback) callback's recap.
   returned: always
   type: dict
-  sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e, lease_expires: 1767225600.5}
+  sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e5a9b07, lease_expires: 1767225600.5}
 """
 
 import time

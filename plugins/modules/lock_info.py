@@ -29,19 +29,19 @@ options:
     type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
-  - ansible.builtin.action_common_attributes.info_module
 attributes:
   check_mode:
     support: full
+    details: The module only reads; it runs the same in check mode.
   diff_mode:
-    support: N/A
+    support: none
   platform:
     platforms: posix
 seealso:
   - module: hostlock.core.lock
   - module: hostlock.core.locked
 author:
-  - hostlock maintainers
+  - hostlock maintainers (@hostlock)
 """
 
 EXAMPLES = r"""

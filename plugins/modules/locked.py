@@ -34,7 +34,7 @@ options:
     required: true
   lease:
     description:
-      - Seconds the lock is kept at most. Longer than the wrapped task can take: a lease that runs
+      - Seconds the lock is kept at most. Make it longer than the wrapped task can take; a lease that runs
         out mid-task frees the lock early (the task then warns).
       - Bounds how long a lost connection or a killed controller keeps the lock.
     type: float
@@ -119,7 +119,7 @@ seealso:
   - plugin: hostlock.core.serialize
     plugin_type: callback
 author:
-  - hostlock maintainers
+  - hostlock maintainers (@hostlock)
 """
 
 EXAMPLES = r"""

@@ -185,7 +185,7 @@ def collections_path(tmp_path_factory) -> Path:
     (tarball,) = work.glob("hostlock-core-*.tar.gz")
     installed = work / "collections"
     subprocess.run(
-        [galaxy, "collection", "install", "--offline", "-p", str(installed), str(tarball)],
+        [galaxy, "collection", "install", "--offline", "--force", "-p", str(installed), str(tarball)],
         check=True,
         env=env,
         capture_output=True,

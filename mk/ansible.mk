@@ -1,0 +1,39 @@
+# Ansible side: the lock/lock_info modules, the locked action, the serialize callback.
+#
+#   make test-ansible        real ansible-playbook runs (local + a real sshd on 127.0.0.1) against the
+#                            collection built and installed from a tarball, then the ansible-test targets
+#   make integration-ansible ansible-test integration for tests/integration/targets/* (part of test-ansible)
+#   make demo-ansible        the showcase: a playbook holding a lock, a concurrent run waiting, hostlock status
+#   make bench-ansible       locked-vs-ping and callback-overhead table (benchmarks/ansible.py, docs/benchmarks.md)
+
+ANSIBLE_TESTS   := tests/integration/ansible
+ANSIBLE_TARGETS := lock lock_info locked
+INTEGRATION_ARGS ?=
+
+.PHONY: test-ansible integration-ansible demo-ansible bench-ansible openssh-server
+
+# The SSH tests start their own sshd (own config, key and port on 127.0.0.1); they need the binary.
+openssh-server:
+	@if [[ ! -x /usr/sbin/sshd ]]; then \
+	  echo "openssh-server: installing it (the SSH tests run their own sshd on 127.0.0.1)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; \
+	fi
+
+test-ansible: venv openssh-server
+	$(PYTEST) -q $(ANSIBLE_TESTS) $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory integration-ansible
+
+integration-ansible: venv
+	@$(PY) tools/ansible_test_pip.py
+	@$(collection_copy); \
+	echo "make integration-ansible: ansible-test integration $(ANSIBLE_TARGETS) in $$dest"; \
+	$(ANSIBLE_TEST) integration --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(INTEGRATION_ARGS) $(ANSIBLE_TARGETS)
+
+demo-ansible: venv
+	@bash demo/ansible-demo.sh
+
+bench-ansible: venv openssh-server
+	$(PY) benchmarks/ansible.py $(BENCH_ARGS)
+
+TEST_TARGETS += test-ansible
+DEMO_TARGETS += demo-ansible
