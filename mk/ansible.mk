@@ -19,11 +19,11 @@ openssh-server:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; \
 	fi
 
-test-ansible: venv openssh-server
+test-ansible: venv openssh-server module-utils
 	$(PYTEST) -q $(ANSIBLE_TESTS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory integration-ansible
 
-integration-ansible: venv
+integration-ansible: venv module-utils
 	@$(PY) tools/ansible_test_pip.py
 	@$(collection_copy); \
 	echo "make integration-ansible: ansible-test integration $(ANSIBLE_TARGETS) in $$dest"; \

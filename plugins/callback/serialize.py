@@ -178,6 +178,7 @@ class CallbackModule(CallbackBase):
         # they all sort below the first lock we still need; release the rest, then take what is missing.
         missing = sorted(h for h in wanted if h not in self._held)
         keep = {h for h in self._held if h in wanted and (not missing or h < missing[0])}
+        missing = sorted(wanted - keep)  # a held host released above must be taken again, in order
         for host in sorted(set(self._held) - keep):
             self._release(host)
         label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
@@ -186,30 +187,32 @@ class CallbackModule(CallbackBase):
         deadline = None if timeout is None else time.monotonic() + timeout
         for host in missing:
             name = lock_name(self.get_option("prefix"), host)
-            lock = Lock(name, directory=directory, label=label)
             started = time.monotonic()
             try:
-                lock.acquire(timeout=0)
-            except LockTimeout as busy:
-                self._display.display(
-                    "[{}] hostlock.core.serialize: host {} is busy: held by {}; waiting{}".format(
-                        _clock(),
-                        host,
-                        describe_holders([h.as_dict() for h in busy.holders]),
-                        "" if deadline is None else f" up to {max(0.0, deadline - started):.0f}s",
-                    )
-                )
-                try:
-                    lock.acquire(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-                except LockTimeout as e:
-                    self._give_up(host, [h.as_dict() for h in e.holders], time.monotonic() - started)
-                self._display.display(
-                    f"[{_clock()}] hostlock.core.serialize: got host {host} after waiting {time.monotonic() - started:.2f}s"
-                )
+                lock = Lock(name, directory=directory, label=label)
+                self._take(lock, host, deadline)
             except HostlockError as e:
                 self._end_run(f"hostlock.core.serialize: cannot lock host {host}: {e}")
             self._held[host] = (name, lock, time.monotonic())
             self._waits.append((host, time.monotonic() - started, 0.0))
+
+    def _take(self, lock: Lock, host: str, deadline: float | None) -> None:
+        """Take one host's lock; say whom we wait for; end the run when the deadline passes."""
+        started = time.monotonic()
+        try:
+            lock.acquire(timeout=0)
+            return
+        except LockTimeout as busy:
+            holders = describe_holders([h.as_dict() for h in busy.holders])
+        limit = "" if deadline is None else f" up to {max(0.0, deadline - started):.0f}s"
+        self._display.display(f"[{_clock()}] hostlock.core.serialize: host {host} is busy: held by {holders}; "
+                              f"waiting{limit}")
+        try:
+            lock.acquire(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except LockTimeout as e:
+            self._give_up(host, [h.as_dict() for h in e.holders], time.monotonic() - started)
+        waited = time.monotonic() - started
+        self._display.display(f"[{_clock()}] hostlock.core.serialize: got host {host} after waiting {waited:.2f}s")
 
     def _report_busy(self, hosts: list[str]) -> None:
         for host in hosts:
@@ -220,14 +223,14 @@ class CallbackModule(CallbackBase):
                 continue
             live = [h.as_dict() for h in st.holders if not h.stale]
             if live:
-                self._display.display(
-                    f"hostlock.core.serialize: check mode takes no lock; host {host} is held by {describe_holders(live)}"
-                )
+                who = describe_holders(live)
+                self._display.display(f"hostlock.core.serialize: check mode takes no lock; host {host} is held by "
+                                      f"{who}")
 
     def _give_up(self, host: str, holders: list, waited: float) -> None:
         self._end_run(
-            f"hostlock.core.serialize: host {host} is still held after {waited:.1f}s by {describe_holders(holders)}; ending this run. "
-            "Run `hostlock status` on the control node to see who, raise the timeout "
+            f"hostlock.core.serialize: host {host} is still held after {waited:.1f}s by {describe_holders(holders)}; "
+            "ending this run. Run `hostlock status` on the control node to see who, raise the timeout "
             "(HOSTLOCK_SERIALIZE_TIMEOUT) or retry later."
         )
 
@@ -278,15 +281,15 @@ class CallbackModule(CallbackBase):
             use["conflicts"] += 1
             use["waited"] += waited
         leases = self._leases.setdefault(key, {})
+        tid = info.get("token_id")
+        # Without a token id (a module that did not report one) pair a release with the latest lease.
+        found = tid if tid in leases else (next(reversed(leases)) if leases and not tid else None)
         if event == "acquired":
-            leases[info.get("token_id") or "#%d" % len(leases)] = info
-        elif event == "renewed" and leases:
-            tid = info.get("token_id")
-            target = tid if tid in leases else next(reversed(leases))
-            leases[target] = dict(leases[target], lease_expires=info.get("lease_expires"))
-        elif event == "released" and leases:
-            tid = info.get("token_id")
-            leases.pop(tid if tid in leases else next(reversed(leases)), None)
+            leases[tid or f"#{len(leases)}"] = dict(info, taken_at=time.monotonic())
+        elif event == "renewed" and found:
+            leases[found] = dict(leases[found], lease_expires=info.get("lease_expires"))
+        elif event == "released" and found:
+            use["held"] += time.monotonic() - leases.pop(found)["taken_at"]
         elif event == "broken":
             leases.clear()
 

@@ -2,17 +2,17 @@
 # output (ansible-core ships no JSON stdout callback; ansible.posix.json is not installed here).
 from __future__ import annotations
 
+import json
+import os
+
+from ansible.plugins.callback import CallbackBase
+
 DOCUMENTATION = """
 name: record
 type: aggregate
 short_description: Record task results as JSON for the hostlock integration tests
 description: Writes task results (task name, host, result) to the file named by HOSTLOCK_TEST_RECORD.
 """
-
-import json
-import os
-
-from ansible.plugins.callback import CallbackBase
 
 
 def _plain(value):

@@ -1,0 +1,69 @@
+"""The collection as users get it: ansible-doc renders every plugin, every EXAMPLES block runs."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+
+import pytest
+import yaml
+from conftest import VENV_BIN
+
+PLUGINS = [
+    ("module", "hostlock.core.lock"),
+    ("module", "hostlock.core.lock_info"),
+    ("module", "hostlock.core.locked"),
+    ("callback", "hostlock.core.serialize"),
+]
+
+
+def _installed(collections_path):
+    return collections_path / "ansible_collections" / "hostlock" / "core"
+
+
+@pytest.mark.parametrize(("kind", "name"), PLUGINS)
+def test_ansible_doc_renders(ansible, kind, name):
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-doc"), "-t", kind, name],
+        env=ansible.env(), cwd=ansible.work, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr
+    assert name in proc.stdout and "OPTIONS" in proc.stdout, proc.stdout[:500]
+
+
+def _examples(path) -> list:
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "EXAMPLES":
+            return yaml.safe_load(node.value.value)
+    raise AssertionError(f"{path} has no EXAMPLES")
+
+
+@pytest.mark.parametrize("module", ["lock", "lock_info", "locked"])
+def test_examples_run(ansible, collections_path, module):
+    """Each module's EXAMPLES, taken from the installed copy, run as one play against this host.
+
+    The host interpreter here is /usr/bin/python3: the locked example drives ansible.builtin.apt,
+    which needs Debian's python3-apt.
+    """
+    tasks = _examples(_installed(collections_path) / "plugins" / "modules" / f"{module}.py")
+    playbook = ansible.work / f"examples-{module}.yml"
+    playbook.write_text(yaml.safe_dump([dict(name=f"{module} examples", hosts="examples", gather_facts=False,
+                                             tasks=tasks)], sort_keys=False))
+    ansible.inventory.write_text(
+        "examples ansible_connection=local ansible_python_interpreter=/usr/bin/python3\n"
+    )
+    run = ansible.play(str(playbook))
+    assert run.rc == 0, run.out
+    results = run.results()
+    assert len(results) == len({t["name"] for t in tasks}), sorted(results)
+    statuses = {name: hosts["examples"]["_status"] for name, hosts in results.items()}
+    assert "failed" not in statuses.values(), statuses
+
+
+def test_target_interpreter_is_bare(ansible):
+    """The modules' host interpreter has neither psutil nor hostlock: the engine travels with the module."""
+    for mod in ("psutil", "hostlock"):
+        proc = subprocess.run([ansible.python, "-c", f"import {mod}"], capture_output=True)
+        assert proc.returncode != 0, f"{ansible.python} can import {mod}: the tests would not prove anything"
