@@ -32,27 +32,28 @@ def _short(text: str | None, limit: int = 80) -> str:
 
 def holder_summary(holder: dict) -> str:
     """One line naming a holder: who (pid, user, command or job), why (label) and until when."""
-    parts = ["pid {}".format(holder.get("pid"))]
-    if holder.get("user"):
-        parts.append("user {}".format(holder["user"]))
-    if holder.get("job_pid"):
-        parts.append("job pid {} '{}'".format(holder["job_pid"], _short(holder.get("job_cmdline"))))
-    elif holder.get("cmdline"):
-        parts.append("'{}'".format(_short(holder["cmdline"])))
-    if holder.get("label"):
-        parts.append("label '{}'".format(_short(holder["label"])))
-    if holder.get("mode") and holder.get("mode") != "exclusive":
-        parts.append(str(holder["mode"]))
-    if holder.get("slot") is not None:
-        parts.append("slot {}".format(holder["slot"]))
-    if holder.get("acquired_at"):
-        parts.append("since {}".format(_clock(holder["acquired_at"])))
-    if holder.get("lease_expires"):
-        parts.append("lease until {}".format(_clock(holder["lease_expires"])))
-    if holder.get("stale"):
+    h = holder
+    parts = [f"pid {h.get('pid')}"]
+    if h.get("user"):
+        parts.append(f"user {h['user']}")
+    if h.get("job_pid"):
+        parts.append(f"job pid {h['job_pid']} '{_short(h.get('job_cmdline'))}'")
+    elif h.get("cmdline"):
+        parts.append(f"'{_short(h['cmdline'])}'")
+    if h.get("label"):
+        parts.append(f'label "{_short(h["label"])}"')
+    if h.get("mode") and h.get("mode") != "exclusive":
+        parts.append(str(h["mode"]))
+    if h.get("slot") is not None:
+        parts.append(f"slot {h['slot']}")
+    if h.get("acquired_at"):
+        parts.append(f"since {_clock(h['acquired_at'])}")
+    if h.get("lease_expires"):
+        parts.append(f"lease until {_clock(h['lease_expires'])}")
+    if h.get("stale"):
         parts.append("STALE")
-    host = holder.get("hostname")
-    return "{}{}".format(", ".join(parts), f" on {host}" if host else "")
+    where = f" on {h['hostname']}" if h.get("hostname") else ""
+    return ", ".join(parts) + where
 
 
 def describe_holders(holders: list) -> str:

@@ -10,195 +10,33 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from harness import HERE, VENV_BIN, HarnessError, Sshd, bare_python, build_collection, hostlock_cli
 
-REPO = Path(__file__).resolve().parents[3]
-HERE = Path(__file__).resolve().parent
 PLAYBOOKS = HERE / "playbooks"
-VENV_BIN = Path(sys.executable).parent
-SSHD = Path("/usr/sbin/sshd")
-
-
-def bare_python() -> str:
-    """The managed hosts' interpreter: a Python 3.8 if there is one (the oldest we support)."""
-    for candidate in ("/root/.pyenv/versions/3.8.18/bin/python3", "/usr/bin/python3"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail("no target interpreter: neither /root/.pyenv/versions/3.8.18/bin/python3 nor /usr/bin/python3")
-
-
-def hostlock_cli() -> list[str]:
-    """The hostlock command as the host's own jobs run it (lib/ is installed in .venv)."""
-    script = VENV_BIN / "hostlock"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "hostlock"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Sshd:
-    """A throwaway OpenSSH server on 127.0.0.1 with its own host key, client key and config."""
-
-    root: Path
-    port: int = 0
-    proc: subprocess.Popen | None = None
-    log: Path = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.log = self.root / "sshd.log"
-
-    @property
-    def key(self) -> Path:
-        return self.root / "client_key"
-
-    def start(self) -> Sshd:
-        if os.geteuid() != 0:
-            pytest.skip("the SSH tests run sshd as root (PermitRootLogin prohibit-password)")
-        if not SSHD.exists():
-            pytest.fail(
-                "no /usr/sbin/sshd: `make test-ansible` installs openssh-server (apt-get install openssh-server)"
-            )
-        self.root.mkdir(parents=True, exist_ok=True)
-        for name in ("host_key", "client_key"):
-            if not (self.root / name).exists():
-                subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / name)], check=True)
-        shutil.copy(self.root / "client_key.pub", self.root / "authorized_keys")
-        os.chmod(self.root / "authorized_keys", 0o600)
-        # sshd refuses to start without its privilege separation directory (Debian creates it in the unit).
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        self.port = free_port()
-        config = self.root / "sshd_config"
-        config.write_text(
-            "\n".join(
-                [
-                    f"Port {self.port}",
-                    "ListenAddress 127.0.0.1",
-                    f"HostKey {self.root / 'host_key'}",
-                    f"PidFile {self.root / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {self.root / 'authorized_keys'}",
-                    "PermitRootLogin prohibit-password",
-                    "PasswordAuthentication no",
-                    "KbdInteractiveAuthentication no",
-                    "UsePAM no",
-                    # the key files live under /tmp (world-writable): a throwaway test server only
-                    "StrictModes no",
-                    "Subsystem sftp internal-sftp",
-                    "MaxSessions 50",
-                    "MaxStartups 50",
-                    "LogLevel ERROR",
-                    "",
-                ]
-            )
-        )
-        self.proc = subprocess.Popen(
-            [str(SSHD), "-D", "-e", "-f", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=self.log.open("ab"),
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"sshd exited with {self.proc.returncode}: {self.log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
-            pytest.fail(f"sshd did not listen on 127.0.0.1:{self.port}: {self.log.read_text()}")
-        return self
-
-    def stop(self, sessions: bool = True, keep: list = ()) -> None:
-        """End the server and, with sessions, every process started through it (except pids in keep)."""
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(timeout=10)
-        if not sessions:
-            return
-        # sshd puts each session in a session of its own: find them by the server port in SSH_CONNECTION
-        spare = {getattr(h, "pid", h) for h in keep}
-        for pid in _pids_with_env("SSH_CONNECTION", f" {self.port}"):
-            if pid not in spare:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-
-    def inventory_line(self, name: str, python: str) -> str:
-        return (
-            f"{name} ansible_connection=ssh ansible_host=127.0.0.1 ansible_port={self.port} ansible_user=root "
-            f"ansible_ssh_private_key_file={self.key} ansible_python_interpreter={python} "
-            "ansible_ssh_common_args='-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR'"
-        )
-
-
-def _pids_with_env(var: str, suffix: str) -> list[int]:
-    """Processes whose environment has var ending in suffix (SSH sessions of one test server)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for item in env:
-            if item.startswith(var.encode() + b"=") and item.endswith(suffix.encode()):
-                found.append(int(entry.name))
-                break
-    return found
+__all__ = ["VENV_BIN", "Sshd", "hostlock_cli"]
 
 
 @pytest.fixture(scope="session")
 def collections_path(tmp_path_factory) -> Path:
     """hostlock.core as users get it: `ansible-galaxy collection build`, then install from the tarball."""
-    work = tmp_path_factory.mktemp("galaxy")
-    galaxy = str(VENV_BIN / "ansible-galaxy")
-    cfg = work / "ansible.cfg"
-    cfg.write_text("[defaults]\n")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(cfg), ANSIBLE_NOCOLOR="1")
-    subprocess.run(
-        [galaxy, "collection", "build", str(REPO), "--output-path", str(work), "--force"],
-        check=True,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    (tarball,) = work.glob("hostlock-core-*.tar.gz")
-    installed = work / "collections"
-    subprocess.run(
-        [galaxy, "collection", "install", "--offline", "--force", "-p", str(installed), str(tarball)],
-        check=True,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    root = installed / "ansible_collections" / "hostlock" / "core"
-    assert (root / "plugins" / "module_utils" / "hostlock" / "__init__.py").exists(), "engine copy not shipped"
-    return installed
+    try:
+        return build_collection(tmp_path_factory.mktemp("galaxy"))
+    except HarnessError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory):
-    server = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    try:
+        server = Sshd(tmp_path_factory.mktemp("sshd")).start()
+    except HarnessError as e:
+        pytest.fail(str(e))
     yield server
     server.stop()
 

@@ -36,7 +36,7 @@ def test_holder_summary_names_the_job_and_lease():
     text = holder_summary(dict(pid=5, user="root", job_pid=6, job_cmdline="sleep   30",
                                cmdline="hostlock run x sleep 30", label="backup", lease_expires=1e9,
                                acquired_at=1e9 - 5, mode="shared", slot=1))
-    assert "pid 5" in text and "job pid 6 'sleep 30'" in text and "label 'backup'" in text
+    assert "pid 5" in text and "job pid 6 'sleep 30'" in text and 'label "backup"' in text
     assert "lease until" in text and "since" in text and "shared" in text and "slot 1" in text
     assert "hostlock run" not in text, "the job is named, not its supervisor's command line"
 
