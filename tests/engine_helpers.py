@@ -27,7 +27,6 @@ def spawn(code: str, *args: str, **kw) -> subprocess.Popen:
 def wait_line(proc: subprocess.Popen, expected: str, timeout: float = 10.0) -> str:
     """Read the child's stdout until a line starting with `expected` (the child says it is ready)."""
     import select
-
     import time
 
     deadline = time.monotonic() + timeout
@@ -39,4 +38,5 @@ def wait_line(proc: subprocess.Popen, expected: str, timeout: float = 10.0) -> s
                 break
             if line.startswith(expected):
                 return line.strip()
-    raise AssertionError("child never printed %r; stderr: %s" % (expected, proc.stderr.read() if proc.poll() is not None else "(running)"))
+    err = proc.stderr.read() if proc.poll() is not None else "(running)"
+    raise AssertionError("child never printed %r; stderr: %s" % (expected, err))

@@ -18,11 +18,19 @@ from ._error import (
     MechanismError,
     TokenError,
 )
-from ._lease import hold, release, renew
 from ._names import parse_duration, validate_name
 from ._owner import Holder
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """hold/renew/release load the lease code (and socket) only when used: the CLI's `run` never does."""
+    if name in ("hold", "renew", "release"):
+        from . import _lease
+
+        return getattr(_lease, name)
+    raise AttributeError("module 'hostlock' has no attribute %r" % name)
 
 __all__ = [
     "SYSTEM_DIRECTORY",

@@ -8,6 +8,8 @@ for every mechanism.
 from __future__ import annotations
 
 import _thread
+import errno
+import math
 import os
 import time
 from _weakref import ref
@@ -17,7 +19,6 @@ from ._directory import default_directory, directory_mechanism, open_directory, 
 from ._error import HostlockError, LockFileError, LockTimeout, MechanismError
 from ._names import validate_name
 from ._owner import Holder, _Self, build_record, parse_record, record_prefix
-from ._record import RecordMechanism, backoff_sleep
 
 MODES = ("exclusive", "shared")
 _KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}
@@ -34,6 +35,23 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _record_mechanism() -> object:
+    from ._record import RecordMechanism  # only where kernel locks fail: keep it off the start-up path
+
+    return RecordMechanism()
+
+
+def _backoff(attempt: int, deadline: float | None) -> bool:
+    from ._record import backoff_sleep
+
+    return backoff_sleep(attempt, deadline)
+
+
+def _track(lock: Lock) -> None:
+    key = id(lock)
+    _LIVE[key] = ref(lock, lambda _r: _LIVE.pop(key, None))
 
 
 class Lock:
@@ -69,9 +87,9 @@ class Lock:
                                      % self.directory, directory=self.directory)
         finally:
             os.close(dirfd)
-        self._record = RecordMechanism() if self.mechanism == "record" else None
+        self._record = _record_mechanism() if self.mechanism == "record" else None
         self.path = os.path.join(self.directory, self.name + (".lock" if self._record is None else "~owner"))
-        _LIVE[id(self)] = ref(self, lambda _r, key=id(self): _LIVE.pop(key, None))
+        _track(self)
 
     # -- public API ------------------------------------------------------------------------------------
     @property
@@ -83,7 +101,7 @@ class Lock:
         """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread."""
         if timeout is not None:
             timeout = float(timeout)
-            if not timeout >= 0:
+            if math.isnan(timeout) or timeout < 0:
                 raise ValueError("timeout must be None or a number of seconds >= 0, not %r" % (timeout,))
         me = _thread.get_ident()
         if self._held is not None and self._thread == me:
@@ -180,7 +198,7 @@ class Lock:
             self._file = None
         if self._record is not None:
             fds = [h.fd for h in self._record._pending.values()] + ([held.fd] if held is not None else [])  # type: ignore[attr-defined]
-            self._record = RecordMechanism()
+            self._record = _record_mechanism()
         for fd in fds:
             try:
                 os.close(fd)
@@ -202,6 +220,9 @@ class Lock:
         return self._file
 
     def _acquire(self, deadline: float | None) -> object:
+        # Build our identity before any wait: a woken waiter must not spend its first moments
+        # reading /proc (a fresh process has not computed it yet).
+        self._record_bytes(None)
         if self._record is not None:
             return self._acquire_record(deadline)
         mech = _KERNEL[self.mechanism]
@@ -234,7 +255,7 @@ class Lock:
             try:
                 held = rec.try_acquire(dirfd, self.directory, self.name, self.mode, self.slots,  # type: ignore[union-attr]
                                        self._record_bytes(None), self._shared_dir)
-                if held is None and not backoff_sleep(attempt, deadline):
+                if held is None and not _backoff(attempt, deadline):
                     rec.abandon(dirfd, self.name)  # type: ignore[union-attr]
                     return None
             finally:
@@ -245,15 +266,14 @@ class Lock:
                 return held
             attempt += 1
 
-    def _record_bytes(self, slot: int | None) -> bytes:
+    def _record_bytes(self, slot: int | None, ticket: int | None = None) -> bytes:
         if self._prefix_pid != _Self.get().pid:
             self._prefix = record_prefix(self.mode, self._extra)
             self._prefix_pid = _Self.pid
-        return build_record(self._prefix, slot)
+        return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: object) -> None:
-        slot = getattr(held, "slot", None)
-        data = self._record_bytes(slot)
+        data = self._record_bytes(getattr(held, "slot", None), getattr(held, "ticket", None))
         if self._record is not None:
             self._record.write_record(held, data)  # type: ignore[arg-type]
         else:
@@ -340,7 +360,7 @@ def status(name: str, directory: str | None = None) -> LockStatus:
 
 def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
     if mechanism == "record":
-        slots, entries = RecordMechanism().inspect(dirfd, name)
+        slots, entries = _record_mechanism().inspect(dirfd, name)
         holders = [_holder(f, m, s, held_by_kernel=False) for f, m, s, _n in entries]
         return LockStatus(name, directory, os.path.join(directory, name + "~owner"), mechanism, slots, holders, 0)
     path = os.path.join(directory, name + ".lock")
@@ -352,10 +372,13 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
         return LockStatus(name, directory, path, mechanism, 1, [], 0)
     f = _KERNEL[mechanism].file_class(fd, path)
     try:
-        slots, entries, waiters = _KERNEL[mechanism].inspect(f)
+        slots, entries, tickets = _KERNEL[mechanism].inspect(f)
     finally:
         f.close()
-    holders = [_holder(parse_record(r) if r else None, m, s, held_by_kernel=True) for r, m, s in entries]
+    records = [(parse_record(r) if r else None, m, s) for r, m, s in entries]
+    holding = {fields.get("q") for fields, _m, _s in records if fields}
+    holders = [_holder(fields, m, s, held_by_kernel=True) for fields, m, s in records]
+    waiters = len([t for t in tickets if str(t) not in holding])
     return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
 
 
@@ -391,7 +414,7 @@ def list_locks(directory: str | None = None) -> list:
         os.close(dirfd)
 
 
-def break_lock(name: str, directory: str | None = None, force: bool = False) -> list:
+def break_lock(name: str, directory: str | None = None, force: bool = False, wait: float = 5.0) -> list:
     """Remove provably stale state (dead owners' files, expired leases); with force, end live holders too.
 
     Ending a live holder means SIGTERM to its recorded process after re-checking pid + start time, and
@@ -405,7 +428,7 @@ def break_lock(name: str, directory: str | None = None, force: bool = False) -> 
     if st.mechanism == "record":
         dirfd = open_directory(directory)[0]
         try:
-            acted += RecordMechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
+            acted += _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
         finally:
             os.close(dirfd)
     for h in st.holders:
@@ -415,7 +438,7 @@ def break_lock(name: str, directory: str | None = None, force: bool = False) -> 
             continue
         if os.geteuid() != 0 and h.uid != os.geteuid():
             raise HostlockError("lock %r in %s is held by uid %s (%s): only that user or root can break it"
-                                % (name, directory, h.uid, h.describe()), directory=directory)
+                                % (name, directory, h.uid, h.describe()), directory=directory, errno=errno.EPERM)
         from ._owner import start_time
 
         if h.start_time is not None and str(h.start_time) != start_time(h.pid):
@@ -427,7 +450,14 @@ def break_lock(name: str, directory: str | None = None, force: bool = False) -> 
             pass
         except PermissionError:
             raise HostlockError("not permitted to end pid %d holding lock %r: it belongs to another user"
-                                % (h.pid, name), directory=directory) from None
+                                % (h.pid, name), directory=directory, errno=errno.EPERM) from None
+    # Say what was removed only once it is gone: wait (briefly) for the signalled holders to let go.
+    deadline = time.monotonic() + wait
+    signalled = {h.pid for h in acted}
+    while signalled and time.monotonic() < deadline:
+        if not signalled & {h.pid for h in status(name, directory).holders}:
+            break
+        time.sleep(0.01)
     return acted
 
 

@@ -71,6 +71,7 @@ class OfdFile:
 
     __slots__ = ("fd", "path", "ticket", "at_head")
     fair = True
+    unrolled = True  # the hot path may call OFD fcntl directly
 
     def __init__(self, fd: int, path: str) -> None:
         self.fd = fd
@@ -112,6 +113,7 @@ class FlockFile(OfdFile):
 
     __slots__ = ("extra",)
     fair = False
+    unrolled = False
 
     def __init__(self, fd: int, path: str) -> None:
         super().__init__(fd, path)
@@ -176,7 +178,7 @@ class FlockFile(OfdFile):
 class Held:
     """What one acquisition holds, so release() undoes exactly that."""
 
-    __slots__ = ("file", "start", "index", "slot", "rec", "owned_file")
+    __slots__ = ("file", "start", "index", "slot", "rec", "owned_file", "ticket")
 
     def __init__(self, file: OfdFile, start: int, index: int, slot: int | None, rec: int | None,
                  owned_file: bool) -> None:
@@ -186,6 +188,7 @@ class Held:
         self.slot = slot
         self.rec = rec          # REC range claimed by a shared holder
         self.owned_file = owned_file  # a reopened description made for this wait: close on release
+        self.ticket: int | None = None  # an exclusive holder that queued keeps its place until release
 
 
 class KernelMechanism:
@@ -217,7 +220,7 @@ class KernelMechanism:
 
     # -- acquiring ---------------------------------------------------------------------------------
     def try_acquire(self, f: OfdFile, mode: str, slots: int) -> Held | None:
-        if type(f) is OfdFile and slots == 1 and mode == "exclusive":
+        if f.unrolled and slots == 1 and mode == "exclusive":
             # The hot path, unrolled: ~3 syscalls. Waiters queue on QUEUE ranges: if any are queued, a
             # newcomer must not barge in ahead of them.
             fd = f.fd
@@ -239,7 +242,7 @@ class KernelMechanism:
         if deadline is None:
             return self._queued(f, mode, slots, owned=False)
         mine = f.reopen()
-        race = Race(undo=lambda held: self._undo(held))
+        race = Race(undo=self.release)
         race.spawn(self._queued_and_close_on_error, mine, mode, slots, race)
         got = race.wait(deadline)
         if got is TIMED_OUT:
@@ -264,9 +267,6 @@ class KernelMechanism:
             f.close()  # gave up, or a semaphore slot was won on another description
         return held
 
-    def _undo(self, held: Held) -> None:
-        self.release(held)
-
     def _queued(self, f: OfdFile, mode: str, slots: int, owned: bool, race: Race | None = None) -> Held | None:
         if not f.fair:
             return self._take(f, mode, slots, wait=True, owned=owned)
@@ -287,6 +287,7 @@ class KernelMechanism:
                 f.ticket = ticket
         else:
             f.ticket = ticket
+        held = None
         try:
             if ticket:
                 # Sleep in the kernel until the waiter ahead reaches the lock (or gives up, or dies).
@@ -297,16 +298,22 @@ class KernelMechanism:
                     if race.abandoned:
                         return None
                     f.at_head = True
-            return self._take(f, mode, slots, wait=True, owned=owned)
+            held = self._take(f, mode, slots, wait=True, owned=owned)
+            if held is not None and held.start == MAIN and held.rec is None:
+                # An exclusive holder keeps its place in line until it releases: the next waiter then
+                # wakes once, into a free lock, instead of waking only to queue on the lock itself.
+                held.ticket = ticket
+            return held
         finally:
             if race is not None:
                 with race.mutex:
-                    if f.ticket is not None:
+                    if f.ticket is not None and (held is None or held.ticket is None):
                         f.unlock(QUEUE0 + ticket)
-                        f.ticket = None
-            else:
+                    f.ticket = None
+            elif held is None or held.ticket is None:
                 f.unlock(QUEUE0 + ticket)
-                f.ticket = None
+            f.ticket = None
+            f.at_head = False
 
     def _take(self, f: OfdFile, mode: str, slots: int, wait: bool, owned: bool) -> Held | None:
         if slots == 1:
@@ -332,10 +339,10 @@ class KernelMechanism:
 
     def _any_slot(self, f: OfdFile, slots: int) -> Held:
         """Sleep until any of the slots frees: one kernel wait per slot, each on its own description."""
-        race = Race(undo=lambda held: self.release(held))
+        race = Race(undo=self.release)
         # Open every description here, before any thread runs: a thread that started late could
         # otherwise reopen /proc/self/fd/N after N was closed and reused for another file.
-        mine = [f.reopen() for _ in range(slots)]
+        mine = [f.reopen() for _k in range(slots)]
 
         def wait_slot(k: int) -> Held:
             try:
@@ -366,19 +373,26 @@ class KernelMechanism:
             pass  # a full disk must not keep the lock held: validity comes from the range, not the text
         if held.rec is not None:
             f.unlock(held.rec)
-        if held.start == MAIN and type(f) is OfdFile:
+        if held.start == MAIN and f.unrolled:
             fcntl.fcntl(f.fd, F_OFD_SETLK, _MAIN_UNLOCK)
         else:
             f.unlock(held.start)
+        if held.ticket is not None:
+            f.unlock(QUEUE0 + held.ticket)  # after the lock itself: the next in line wakes to a free lock
+            held.ticket = None
         if held.owned_file:
             f.close()
 
     # -- inspecting ----------------------------------------------------------------------------------
-    def inspect(self, f: OfdFile) -> tuple[int, list, int]:
-        """(slots, [(record bytes or None, mode, slot)], waiters) read without taking anything."""
+    def inspect(self, f: OfdFile) -> tuple[int, list, list]:
+        """(slots, [(record bytes or None, mode, slot)], queue tickets held) read without taking anything.
+
+        Tickets are held by waiters, and by an exclusive holder that came through the queue (its record
+        names its ticket).
+        """
         head = os.pread(f.fd, HEADER_SIZE, 0)
         if not head.strip(b"\0"):
-            return 1, [], 0
+            return 1, [], []
         slots = _header_slots(head, f.path)
         size = os.fstat(f.fd).st_size
         records = os.pread(f.fd, max(0, size - RECORD_BASE), RECORD_BASE) if size > RECORD_BASE else b""
@@ -404,7 +418,7 @@ class KernelMechanism:
                         found += 1
                 if not found:
                     entries.append((None, "shared", None))
-        waiters = 0
+        tickets = []
         if f.fair:
             raw = os.pread(f.fd, 8, COUNTER_AT)
             end = QUEUE0 + (int.from_bytes(raw, "little") if len(raw) == 8 else 0)
@@ -415,9 +429,9 @@ class KernelMechanism:
                     continue
                 got = f.conflict(lo, WR, hi - lo)
                 if got is not None and lo <= got[1] < hi:
-                    waiters += 1
+                    tickets.append(got[1] - QUEUE0)
                     spans += [(lo, got[1]), (got[1] + 1, hi)]
-        return slots, entries, waiters
+        return slots, entries, tickets
 
 
 def _header_slots(head: bytes, path: str) -> int:

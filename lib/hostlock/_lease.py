@@ -10,6 +10,7 @@ may renew or release, and a holder signalled by another user is protected by kil
 from __future__ import annotations
 
 import errno
+import math
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     from ._api import Lock
 
     lease = float(lease)
-    if not lease > 0 or lease == float("inf"):
+    if math.isnan(lease) or lease <= 0 or math.isinf(lease):
         raise ValueError("lease must be a positive number of seconds, not %r" % (lease,))
     probe = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
     directory = probe.directory
@@ -155,7 +156,7 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                 break
             sock.settimeout(left)
             try:
-                conn, _ = sock.accept()
+                conn = sock.accept()[0]
             except socket.timeout:
                 continue
             with conn:
@@ -235,7 +236,7 @@ def renew(name: str, token: str, lease: float | None = None, directory: str | No
     """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""
     if lease is not None:
         lease = float(lease)
-        if not lease > 0 or lease == float("inf"):
+        if math.isnan(lease) or lease <= 0 or math.isinf(lease):
             raise ValueError("lease must be a positive number of seconds, not %r" % (lease,))
     reply = _request(name, token, directory, "renew" + ("" if lease is None else " %r" % lease))
     return float(reply.split()[1])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ._error import InvalidName
 
 MAX_NAME_LENGTH = 100
@@ -25,38 +27,42 @@ def validate_name(name: object) -> str:
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d"
 
 
 def parse_duration(text: object) -> float:
     """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
-    else:
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError("invalid duration %r: use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d" % (text,))
-        s = text.strip().lower()
+    elif isinstance(text, str) and text.strip():
         try:
-            value = float(s)
+            value = float(text.strip())
         except ValueError:
-            value, number, i = 0.0, "", 0
-            while i < len(s):
-                c = s[i]
-                if c.isdigit() or c == ".":
-                    number += c
-                    i += 1
-                    continue
-                unit = "ms" if s.startswith("ms", i) else c
-                if unit not in _UNITS or not number:
-                    raise ValueError(
-                        "invalid duration %r: use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d" % text
-                    ) from None
-                try:
-                    value += float(number) * _UNITS[unit]
-                except ValueError:
-                    raise ValueError("invalid duration %r: bad number %r" % (text, number)) from None
-                number, i = "", i + len(unit)
-            if number:
-                raise ValueError("invalid duration %r: number %r has no unit" % (text, number))
-    if value != value or value < 0 or value == float("inf"):
+            value = _with_units(text)
+    else:
+        raise ValueError("invalid duration %r: %s" % (text, _DURATION_HELP))
+    if math.isnan(value) or value < 0 or math.isinf(value):
         raise ValueError("invalid duration %r: must be a finite number of seconds >= 0" % (text,))
+    return value
+
+
+def _with_units(text: str) -> float:
+    s = text.strip().lower()
+    value, number, i = 0.0, "", 0
+    while i < len(s):
+        c = s[i]
+        if c.isdigit() or c == ".":
+            number += c
+            i += 1
+            continue
+        unit = "ms" if s.startswith("ms", i) else c
+        if unit not in _UNITS or not number:
+            raise ValueError("invalid duration %r: %s" % (text, _DURATION_HELP))
+        try:
+            value += float(number) * _UNITS[unit]
+        except ValueError:
+            raise ValueError("invalid duration %r: bad number %r" % (text, number)) from None
+        number, i = "", i + len(unit)
+    if number:
+        raise ValueError("invalid duration %r: number %r has no unit" % (text, number))
     return value

@@ -167,11 +167,14 @@ def record_prefix(mode: str, extra: dict | None = None) -> bytes:
         "utf-8", "replace")
 
 
-def build_record(prefix: bytes, slot: int | None) -> bytes:
-    """One record line: the cached prefix plus when (and which slot) it was taken."""
-    if slot is None:
-        return prefix + b"|at=%.6f\n" % time.time()
-    return prefix + b"|at=%.6f|slot=%d\n" % (time.time(), slot)
+def build_record(prefix: bytes, slot: int | None, ticket: int | None = None) -> bytes:
+    """One record line: the cached prefix plus when (and which slot, which queue ticket) it was taken."""
+    line = prefix + b"|at=%.6f" % time.time()
+    if slot is not None:
+        line += b"|slot=%d" % slot
+    if ticket is not None:
+        line += b"|q=%d" % ticket
+    return line + b"\n"
 
 
 def parse_record(data: bytes) -> dict | None:

@@ -222,7 +222,7 @@ class RecordMechanism:
 
     def _try_file(self, dirfd: int, directory: str, filename: str, record: bytes, shared: bool,
                   slot: int | None, mode: str) -> RecordHeld | None:
-        for _ in range(3):
+        for _attempt in range(3):
             fd = self._publish(dirfd, directory, filename, record, shared)
             if fd is not None:
                 return RecordHeld(fd, filename, slot, mode)

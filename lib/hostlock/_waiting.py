@@ -41,6 +41,11 @@ class Race:
     def spawn(self, fn: object, *args: object) -> None:
         def run() -> None:
             try:
+                import signal
+
+                # Process-directed signals (SIGTERM for a job a CLI supervises) must reach the main
+                # thread, never a helper left waiting in the kernel.
+                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
                 value = fn(*args)  # type: ignore[operator]
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 self.offer(None, e)

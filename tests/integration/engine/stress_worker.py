@@ -15,7 +15,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lib"))
 import hostlock  # noqa: E402
 
-
 KILLED = os.environ.get("STRESS_KILLED", "")
 
 

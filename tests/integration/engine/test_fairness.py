@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -70,7 +69,8 @@ def test_a_waiting_writer_is_not_starved_by_new_readers(lockdir, tmp_path):
 def test_semaphore_waiters_in_order(lockdir, tmp_path):
     out = str(tmp_path / "order")
     held = [hostlock.Lock("fifo", slots=2, directory=lockdir).acquire() for _ in range(2)]
-    code = WAITER.replace('hostlock.Lock("fifo", mode=mode, directory=d)', 'hostlock.Lock("fifo", slots=2, directory=d)')
+    code = WAITER.replace('hostlock.Lock("fifo", mode=mode, directory=d)',
+                          'hostlock.Lock("fifo", slots=2, directory=d)')
     procs = []
     for i in range(4):
         p = spawn(code, lockdir, str(i), "exclusive", out)

@@ -18,7 +18,7 @@ def run_workers(lockdir, det, kind, n, cycles, slots=1):
     procs = [subprocess.Popen([sys.executable, WORKER, lockdir, det, kind, str(cycles), str(slots)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert "OVERLAP" not in out, out
         assert p.returncode == 0 and "DONE" in out, (p.returncode, out, err)
 
@@ -75,8 +75,9 @@ def test_sigkill_at_random_points_never_gives_two_holders(mechdir, tmp_path):
 
 
 def test_killed_holder_frees_the_lock(mechdir):
-    import hostlock
     from engine_helpers import spawn, wait_line
+
+    import hostlock
 
     holder = spawn("""
         import sys, time, hostlock
