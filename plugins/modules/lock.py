@@ -74,8 +74,9 @@ options:
     description:
       - With O(state=released) and no O(token), break the lock whoever holds it, ending live holders
         (lease holders and C(hostlock run) supervisors) of the connecting user, or anyone's as root.
-      - This is the manual override for a stuck lock. The jobs of a killed C(hostlock run) supervisor
-        get SIGTERM first, so they do not run on unlocked.
+      - This is the manual override for a stuck lock. Holders get SIGTERM; a C(hostlock run)
+        supervisor forwards it to its job and keeps the lock until the job has ended, so the job
+        never runs on unlocked.
     type: bool
     default: false
   directory:

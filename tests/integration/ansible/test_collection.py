@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import VENV_BIN
+from conftest import PLAYBOOKS, VENV_BIN
+from harness import REPO
 
 PLUGINS = [
     ("module", "hostlock.core.lock"),
@@ -15,6 +16,13 @@ PLUGINS = [
     ("module", "hostlock.core.locked"),
     ("callback", "hostlock.core.serialize"),
 ]
+
+
+class _Indented(yaml.SafeDumper):
+    """Indents block sequences under their key, as yamllint (and so ansible-lint) wants."""
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        return super().increase_indent(flow, False)
 
 
 def _installed(collections_path):
@@ -67,3 +75,22 @@ def test_target_interpreter_is_bare(ansible):
     for mod in ("psutil", "hostlock"):
         proc = subprocess.run([ansible.python, "-c", f"import {mod}"], capture_output=True)
         assert proc.returncode != 0, f"{ansible.python} can import {mod}: the tests would not prove anything"
+
+
+def test_ansible_lint_production(ansible, collections_path):
+    """ansible-lint's production profile on the demo, the test playbooks, the targets and every EXAMPLES block."""
+    examples = ansible.work / "examples"
+    examples.mkdir()
+    for module in ("lock", "lock_info", "locked"):
+        tasks = _examples(_installed(collections_path) / "plugins" / "modules" / f"{module}.py")
+        play = [dict(name=f"Examples of hostlock.core.{module}", hosts="all", gather_facts=False, tasks=tasks)]
+        (examples / f"{module}.yml").write_text("---\n" + yaml.dump(play, Dumper=_Indented, sort_keys=False))
+    paths = [str(REPO / "demo" / "ansible"), str(PLAYBOOKS), str(examples)]
+    paths += [str(p) for p in sorted((REPO / "tests" / "integration" / "targets").glob("lock*"))]
+    env = {k: v for k, v in ansible.env().items() if k not in ("ANSIBLE_CALLBACK_PLUGINS", "ANSIBLE_CALLBACKS_ENABLED")}
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production", "--nocolor", *paths],
+        env=env, cwd=ansible.work, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Passed" in proc.stdout + proc.stderr

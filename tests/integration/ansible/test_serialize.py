@@ -23,7 +23,7 @@ def _env(ansible, **extra):
 
 def _start(ansible, hosts: str, tag: str, log: Path, nap: float, **env) -> subprocess.Popen:
     return ansible.popen(
-        "serialized.yml", extra_vars=dict(hosts=hosts, tag=tag, log=str(log), nap=nap), **_env(ansible, **env)
+        "serialized.yml", extra_vars=dict(pattern=hosts, tag=tag, log=str(log), nap=nap), **_env(ansible, **env)
     )
 
 
@@ -175,7 +175,7 @@ def test_check_mode_takes_no_controller_lock(ansible):
     first = _start(ansible, "loc", "A", log, nap=3)
     try:
         _wait_for(lambda: "A loc start" in log.read_text(), what="run A to start its task", proc=first)
-        checked = ansible.play("serialized.yml", "--check", extra_vars=dict(hosts="loc", tag="C", log=str(log), nap=0),
+        checked = ansible.play("serialized.yml", "--check", extra_vars=dict(pattern="loc", tag="C", log=str(log), nap=0),
                                **_env(ansible))
     finally:
         _finish(first)

@@ -85,3 +85,16 @@ def test_lock_info(capsys, lockdir):
         assert [s["name"] for s in every["locks"]] == ["i1"]
     finally:
         hostlock.release("i1", token, directory=lockdir)
+
+
+def test_force_breaks_a_lease_whoever_holds_it(capsys, lockdir):
+    token = hostlock.hold("u5", lease=30, directory=lockdir, label="stuck")
+    predicted = run(lock, capsys, name="u5", state="released", force=True, directory=lockdir, _ansible_check_mode=True)
+    assert predicted["changed"] and "stuck" in predicted["msg"]
+    assert [h for h in hostlock.holders("u5", directory=lockdir) if not h.stale], "check mode broke the lock"
+    broken = run(lock, capsys, name="u5", state="released", force=True, directory=lockdir)
+    assert broken["changed"] and broken["released"][0]["label"] == "stuck", broken
+    with hostlock.Lock("u5", directory=lockdir).acquire(timeout=5):
+        pass  # the lease holder is gone
+    again = run(lock, capsys, name="u5", state="released", token=token, directory=lockdir)
+    assert not again["changed"] and again["_rc"] == 0
