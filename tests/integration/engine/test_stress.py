@@ -18,7 +18,8 @@ def run_workers(lockdir, det, kind, n, cycles, slots=1):
     procs = [subprocess.Popen([sys.executable, WORKER, lockdir, det, kind, str(cycles), str(slots)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    assert len(outs) == len(procs)
+    for p, (out, err) in zip(procs, outs):  # noqa: B905 - runs on Python 3.8 too (make test-pythons)
         assert "OVERLAP" not in out, out
         assert p.returncode == 0 and "DONE" in out, (p.returncode, out, err)
 
