@@ -32,3 +32,9 @@ test-pythons:
 	echo "make test-pythons: engine tests passed on:$$ran"
 
 TEST_TARGETS += test-engine test-pythons
+
+.PHONY: demo-engine
+demo-engine: venv
+	@$(PY) demo/engine_demo.py
+
+DEMO_TARGETS := demo-engine $(DEMO_TARGETS)
