@@ -72,8 +72,8 @@ def main() -> int:
     say("== a holder killed with SIGKILL frees the lock at once")
     pid = os.fork()
     if pid == 0:
-        lock = hostlock.Lock("deploy", directory=directory, label="demo victim").acquire()
-        time.sleep(60)
+        with hostlock.Lock("deploy", directory=directory, label="demo victim"):
+            time.sleep(60)
         os._exit(0)
     while not hostlock.holders("deploy", directory):
         time.sleep(0.01)
