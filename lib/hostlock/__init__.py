@@ -32,6 +32,7 @@ def __getattr__(name: str) -> object:
         return getattr(_lease, name)
     raise AttributeError("module 'hostlock' has no attribute %r" % name)
 
+
 __all__ = [
     "SYSTEM_DIRECTORY",
     "Holder",

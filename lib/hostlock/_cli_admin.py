@@ -327,7 +327,7 @@ def cmd_hold(ns: argparse.Namespace) -> int:
     """hold: print the token on stdout (alone, so TOKEN=$(hostlock hold ...) works), or JSON."""
     directory = _directory(ns)
     token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, directory=directory,
-                          timeout=ns.wait, mechanism=ns.mechanism, label=ns.label)
+                 timeout=ns.wait, mechanism=ns.mechanism, label=ns.label)
     if ns.json:
         _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "token": token,
                      "lease": ns.lease, "lease_expires": _lease_of(ns.name, directory, token)})

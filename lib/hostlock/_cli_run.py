@@ -607,7 +607,7 @@ def main_run(args: list[str]) -> int:
     try:
         if o.verbose:
             c.say("got %s lock %s (%s) after %s" % (_mode_text(o), o.name, lock.mechanism,
-                                                     c.format_span(time.monotonic() - t0)))
+                                                    c.format_span(time.monotonic() - t0)))
         try:
             outcome = supervise(lock, o)
         except OSError as exc:

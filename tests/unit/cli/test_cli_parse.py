@@ -15,8 +15,8 @@ def parse(*args, cron=False):
 
 def test_defaults():
     o = parse("name", "true")
-    assert (o.name, o.command, o.mode, o.slots, o.wait, o.conflict_code) == ("name", ["true"], "exclusive", 1, None,
-                                                                              None)
+    expected = ("name", ["true"], "exclusive", 1, None, None)
+    assert (o.name, o.command, o.mode, o.slots, o.wait, o.conflict_code) == expected
     assert (o.timeout, o.kill_after, o.pgroup, o.verbose, o.quiet) == (None, 10.0, "auto", False, False)
 
 
