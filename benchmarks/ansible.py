@@ -95,7 +95,9 @@ def measure_connection(runner: Runner, work: Path, tasks: int, repeats: int) -> 
             times[kind].append(runner.time(book))
     med = {k: statistics.median(v) for k, v in times.items()}
     per = {k: (med[k] - med["empty"]) / tasks for k in ("ping", "locked")}
-    return dict(med=med, per=per, ratio=per["locked"] / per["ping"])
+    # the ratio of each interleaved round, then the median: robust to a busy neighbour during one round
+    ratios = [(lk - e) / (p - e) for e, p, lk in zip(times["empty"], times["ping"], times["locked"], strict=True)]
+    return dict(med=med, per=per, ratio=statistics.median(ratios), lo=min(ratios), hi=max(ratios))
 
 
 def measure_callback(runner: Runner, work: Path, tasks: int, repeats: int) -> dict:
@@ -106,7 +108,8 @@ def measure_callback(runner: Runner, work: Path, tasks: int, repeats: int) -> di
         plain.append(runner.time(book))
         with_cb.append(runner.time(book, callback=True))
     a, b = statistics.median(plain), statistics.median(with_cb)
-    return dict(plain=a, with_cb=b, overhead=(b - a) / a * 100, spread=(max(plain) - min(plain)) / a * 100)
+    paired = statistics.median((w - p) / p * 100 for p, w in zip(plain, with_cb, strict=True))
+    return dict(plain=a, with_cb=b, overhead=paired, spread=(max(plain) - min(plain)) / a * 100)
 
 
 def callback_hook_cost(collections: Path, work: Path, rounds: int = 200) -> tuple[float, float]:
@@ -146,7 +149,7 @@ def write_section(table: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tasks", type=int, default=20, help="tasks per play (default 20)")
+    ap.add_argument("--tasks", type=int, default=10, help="tasks per play (default 10)")
     ap.add_argument("--repeats", type=int, default=5, help="runs of each play; medians are reported (default 5)")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args()
@@ -184,27 +187,31 @@ def main() -> None:
         f"ansible-core from .venv, target interpreter {python}, {platform.machine()}, {os.cpu_count()} cores; "
         "medians of interleaved runs. Per task = (play - empty play) / tasks.",
         "",
-        "| connection | empty play | ping play | locked play | ping per task | locked per task | locked / ping |",
+        "| connection | empty play | ping play | locked play | ping per task | locked per task | locked / ping "
+        "(min-max of rounds) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for conn, r in rows:
         m, p = r["med"], r["per"]
         lines.append(
             f"| {conn} | {m['empty']:.2f} s | {m['ping']:.2f} s | {m['locked']:.2f} s | {p['ping'] * 1000:.0f} ms "
-            f"| {p['locked'] * 1000:.0f} ms | **{r['ratio']:.2f}x** (target <= 3.0) |"
+            f"| {p['locked'] * 1000:.0f} ms | **{r['ratio']:.2f}x** ({r['lo']:.2f}-{r['hi']:.2f}; target <= 3.0) |"
         )
     lines += [
         "",
-        "| serialize callback | without | with | overhead | run-to-run spread | callback's own cost |",
+        "| serialize callback | without | with | overhead (median of pairs) | run-to-run spread "
+        "| callback's own cost |",
         "| --- | --- | --- | --- | --- | --- |",
         f"| {args.tasks} ping tasks, local | {cb['plain']:.2f} s | {cb['with_cb']:.2f} s | **{cb['overhead']:+.2f}%** "
         f"(target < 1%) | {cb['spread']:.1f}% | load {load * 1000:.1f} ms once + {hook * 1e6:.0f} us per host "
         f"per play = {(load + hook) / cb['plain'] * 100:.2f}% of this run |",
         "",
         "`locked` runs three modules per task (take the lease, the wrapped module, release); the ratio says what "
-        "the two extra round trips cost next to the module they protect. The callback's end-to-end overhead is "
-        "within the run-to-run spread; its own cost (take and release a kernel lock per host per play, plus the "
-        "engine import) is what it adds.",
+        "the two extra round trips cost next to the module they protect (the fixed per-task cost of a task is "
+        "paid once, so the ratio stays under 3 when the lock module costs what ping costs). The callback's "
+        "end-to-end difference is measured, but on a shared machine it drowns in the run-to-run spread; its own "
+        "cost, timed in-process, is what it adds: loading the plugin and compiling the engine copy once "
+        "(the collection loader keeps no .pyc), then a kernel lock taken and released per host per play.",
     ]
     table = "\n".join(lines)
     print(table)

@@ -30,6 +30,10 @@ def test_locked_wraps_and_releases(ansible, engine, target):
     assert lock["released"] and lock["waited"] >= 0 and lock["held"] > 0, lock
     assert lock["directory"] == str(ansible.lockdir)
 
+    assert r["Wrap a module that takes its arguments from module_defaults"]["ping"] == "from-module-defaults"
+    looped = r["Wrap a module in a loop"]["results"]
+    assert [x["ping"] for x in looped] == ["one", "two"] and all(x["hostlock"]["released"] for x in looped)
+
     copied = r["Wrap an action plugin"]
     assert copied["changed"] and copied["dest"].endswith("-copied.txt"), copied
 
