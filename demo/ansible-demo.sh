@@ -16,6 +16,7 @@ export PATH="$bin:$PATH"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/hostlock-demo.XXXXXX")
 pids=()
+# shellcheck disable=SC2317  # reached through the EXIT trap, which shellcheck does not follow
 cleanup() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     rm -rf "$work"

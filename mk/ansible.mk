@@ -4,7 +4,7 @@
 #                            collection built and installed from a tarball, then the ansible-test targets
 #   make integration-ansible ansible-test integration for tests/integration/targets/* (part of test-ansible)
 #   make demo-ansible        the showcase: a playbook holding a lock, a concurrent run waiting, hostlock status
-#   make bench-ansible       locked-vs-ping and callback-overhead table (benchmarks/ansible.py, docs/benchmarks.md)
+#   make bench-ansible       locked-vs-ping and callback-overhead table (benchmarks/ansible_plugins.py, docs/benchmarks.md)
 
 ANSIBLE_TESTS   := tests/integration/ansible
 ANSIBLE_TARGETS := lock lock_info locked
@@ -33,7 +33,7 @@ demo-ansible: venv
 	@bash demo/ansible-demo.sh
 
 bench-ansible: venv openssh-server
-	$(PY) benchmarks/ansible.py $(BENCH_ARGS)
+	$(PY) benchmarks/ansible_plugins.py $(BENCH_ARGS)
 
 TEST_TARGETS += test-ansible
 DEMO_TARGETS += demo-ansible

@@ -131,6 +131,7 @@ class Ansible:
             capture_output=True,
             text=True,
             timeout=timeout,
+            check=False,
         )
         return Run(proc, record)
 

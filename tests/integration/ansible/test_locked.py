@@ -72,14 +72,14 @@ def test_locked_lease_frees_the_lock_when_the_connection_breaks(ansible, engine,
         assert _live(engine, "broken", ansible), "the play never took the lock"
         time.sleep(0.5)  # the wrapped `sleep 20` runs now
         server.stop(sessions=True, keep=_live(engine, "broken", ansible))
-        out, _ = proc.communicate(timeout=60)
+        out, _err = proc.communicate(timeout=60)
         assert "UNREACHABLE" in out or "unreachable=1" in out or proc.returncode == 4, out
         # the release could not run: the lease still holds the lock, until it ends
         broke_at = time.monotonic()
         while _live(engine, "broken", ansible) and time.monotonic() - broke_at < 10:
             time.sleep(0.1)
         assert not _live(engine, "broken", ansible), "the lease did not free the lock"
-        done = subprocess.run([*hostlock_cli(), "run", "-n", "-d", str(ansible.lockdir), "broken", "true"])
+        done = subprocess.run([*hostlock_cli(), "run", "-n", "-d", str(ansible.lockdir), "broken", "true"], check=False)
         assert done.returncode == 0
     finally:
         server.stop(sessions=True)

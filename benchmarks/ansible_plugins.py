@@ -44,7 +44,7 @@ def playbook(path: Path, tasks: int, kind: str, lockdir: str) -> Path:
         )
     else:
         raise ValueError(kind)
-    body = "".join(task for _ in range(tasks)) or "    - ansible.builtin.meta: noop\n"
+    body = "".join(task for _round in range(tasks)) or "    - ansible.builtin.meta: noop\n"
     path.write_text(f"- hosts: target\n  gather_facts: false\n  tasks:\n{body}")
     return path
 
@@ -75,7 +75,12 @@ class Runner:
             env["ANSIBLE_CALLBACKS_ENABLED"] = "hostlock.core.serialize"
         started = time.perf_counter()
         proc = subprocess.run(
-            [str(VENV_BIN / "ansible-playbook"), str(book)], env=env, cwd=self.work, capture_output=True, text=True
+            [str(VENV_BIN / "ansible-playbook"), str(book)],
+            env=env,
+            cwd=self.work,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         took = time.perf_counter() - started
         if proc.returncode:
@@ -90,7 +95,7 @@ def measure_connection(runner: Runner, work: Path, tasks: int, repeats: int) -> 
     books["empty"] = playbook(work / "empty.yml", 0, "ping", lockdir)
     runner.time(books["ping"])  # warm caches (ssh master, pyc) before measuring
     times: dict[str, list[float]] = {k: [] for k in books}
-    for _ in range(repeats):  # interleaved, so drift on a shared machine hits every kind alike
+    for _round in range(repeats):  # interleaved, so drift on a shared machine hits every kind alike
         for kind, book in books.items():
             times[kind].append(runner.time(book))
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -104,7 +109,7 @@ def measure_callback(runner: Runner, work: Path, tasks: int, repeats: int) -> di
     book = playbook(work / "cb-ping.yml", tasks, "ping", str(work / "locks"))
     runner.time(book)
     plain, with_cb = [], []
-    for _ in range(repeats):
+    for _round in range(repeats):
         plain.append(runner.time(book))
         with_cb.append(runner.time(book, callback=True))
     a, b = statistics.median(plain), statistics.median(with_cb)
@@ -124,7 +129,7 @@ cb = callback_loader.get("hostlock.core.serialize")
 cb.set_options(direct=dict(directory={str(work / "ctl")!r}))
 load = time.perf_counter() - t
 t = time.perf_counter()
-for _ in range({rounds}):
+for _round in range({rounds}):
     cb._lock_hosts(["target"], "bench")
     cb._release_all()
 print(load, (time.perf_counter() - t) / {rounds})
@@ -139,7 +144,7 @@ def write_section(table: str) -> None:
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     section = f"{SECTION}\n\n{table}\n"
     if SECTION in text:
-        before, _, after = text.partition(SECTION)
+        before, _heading, after = text.partition(SECTION)
         nxt = after.find("\n## ")
         text = before + section + (after[nxt + 1 :] if nxt >= 0 else "")
     else:
@@ -166,12 +171,15 @@ def main() -> None:
                 ("local", f"target ansible_connection=local ansible_python_interpreter={python}"),
                 ("ssh", sshd.inventory_line("target", python)),
             ):
-                print(f"measuring {conn}: {args.repeats} x (empty, {args.tasks} ping, {args.tasks} locked) ...",
-                      file=sys.stderr)
+                print(
+                    f"measuring {conn}: {args.repeats} x (empty, {args.tasks} ping, {args.tasks} locked) ...",
+                    file=sys.stderr,
+                )
                 cwork = work / conn
                 cwork.mkdir()
-                rows.append((conn, measure_connection(Runner(cwork, collections, line), cwork, args.tasks,
-                                                      args.repeats)))
+                rows.append(
+                    (conn, measure_connection(Runner(cwork, collections, line), cwork, args.tasks, args.repeats))
+                )
             print("measuring the serialize callback ...", file=sys.stderr)
             cwork = work / "callback"
             cwork.mkdir()
@@ -183,7 +191,7 @@ def main() -> None:
             sshd.stop()
 
     lines = [
-        f"`make bench-ansible` (benchmarks/ansible.py --tasks {args.tasks} --repeats {args.repeats}), "
+        f"`make bench-ansible` (benchmarks/ansible_plugins.py --tasks {args.tasks} --repeats {args.repeats}), "
         f"ansible-core from .venv, target interpreter {python}, {platform.machine()}, {os.cpu_count()} cores; "
         "medians of interleaved runs. Per task = (play - empty play) / tasks.",
         "",
