@@ -58,7 +58,7 @@ class Lock:
     """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory."""
 
     def __init__(self, name: str, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
-                 mechanism: str = "auto", label: str | None = None) -> None:
+                 mechanism: str = "auto", label: str | None = None, fifo: bool = True) -> None:
         self.name = validate_name(name)
         if mode not in MODES:
             raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
@@ -70,6 +70,7 @@ class Lock:
             raise ValueError("mechanism must be auto, ofd, flock or record, not %r" % (mechanism,))
         self.mode = mode
         self.slots = slots
+        self.fifo = bool(fifo)
         self.directory = os.path.abspath(directory or default_directory())
         self._extra: dict = {"label": label} if label else {}
         self._prefix = b""
@@ -228,9 +229,9 @@ class Lock:
         mech = _KERNEL[self.mechanism]
         while True:
             f = self._open_file()
-            held = mech.try_acquire(f, self.mode, self.slots)
+            held = mech.try_acquire(f, self.mode, self.slots, self.fifo)
             if held is None and (deadline is None or deadline > time.monotonic()):
-                held = mech.acquire(f, self.mode, self.slots, deadline)
+                held = mech.acquire(f, self.mode, self.slots, deadline, self.fifo)
             if held is None:
                 return None
             if os.fstat(held.file.fd).st_nlink == 0:

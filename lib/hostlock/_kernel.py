@@ -25,6 +25,7 @@ import fcntl
 import os
 import struct
 import sys
+import time
 
 from ._waiting import TIMED_OUT, Race
 
@@ -40,6 +41,11 @@ COUNTER_AT = 64
 RECORD_BASE = 4096
 RECORD_SIZE = 1024
 META, MAIN, SLOT0, REC0, QUEUE0, WAITING0 = 0, 1, 16, 1 << 21, 1 << 32, 1 << 48
+HEAD_SINCE_AT = 72  # CLOCK_MONOTONIC ns at which the first waiter in line reached the front (fifo=False)
+# fifo=False: a newcomer may take a free lock ahead of the queue while the first waiter has been first for
+# less than this. The releasing process then often goes on without a context switch (flock's throughput),
+# yet no waiter is overtaken for longer than the window (flock's waiters can be, without bound).
+BARGE_WINDOW_NS = 2_000_000
 MAX_SLOTS = 1024
 # How long the next waiter spins (non-blocking tries, yielding the CPU between them) for the holder to let go
 # before it sleeps: long enough to catch a short critical section, too short to be measurable CPU.
@@ -225,12 +231,12 @@ class KernelMechanism:
         return f
 
     # -- acquiring ---------------------------------------------------------------------------------
-    def try_acquire(self, f: OfdFile, mode: str, slots: int) -> Held | None:
+    def try_acquire(self, f: OfdFile, mode: str, slots: int, fifo: bool = True) -> Held | None:
         if f.unrolled and slots == 1 and mode == "exclusive":
             # The hot path, unrolled: ~3 syscalls. Waiters queue on QUEUE ranges: if any are queued, a
-            # newcomer must not barge in ahead of them.
+            # newcomer does not barge in ahead of them (unless fifo=False and the first waiter is new).
             fd = f.fd
-            if fcntl.fcntl(fd, F_OFD_GETLK, _Q_PROBE)[:2] != _UNLOCKED:
+            if fcntl.fcntl(fd, F_OFD_GETLK, _Q_PROBE)[:2] != _UNLOCKED and (fifo or not _may_barge(fd)):
                 return None
             try:
                 fcntl.fcntl(fd, F_OFD_SETLK, _MAIN_LOCK[WR])
@@ -239,17 +245,17 @@ class KernelMechanism:
                     return None
                 raise
             return Held(f, MAIN, 0, None, None, False)
-        if f.fair and f.conflict(QUEUE0, WR, 0) is not None:
+        if f.fair and f.conflict(QUEUE0, WR, 0) is not None and (fifo or not _may_barge(f.fd)):
             return None
         return self._take(f, mode, slots, wait=False, owned=False)
 
-    def acquire(self, f: OfdFile, mode: str, slots: int, deadline: float | None) -> Held | None:
+    def acquire(self, f: OfdFile, mode: str, slots: int, deadline: float | None, fifo: bool = True) -> Held | None:
         """Wait in line; None when the deadline passes. The fast path has already failed."""
         if deadline is None:
-            return self._queued(f, mode, slots, owned=False)
+            return self._queued(f, mode, slots, owned=False, fifo=fifo)
         mine = f.reopen()
         race = Race(undo=self.release)
-        race.spawn(self._queued_and_close_on_error, mine, mode, slots, race)
+        race.spawn(self._queued_and_close_on_error, mine, mode, slots, race, fifo)
         got = race.wait(deadline)
         if got is TIMED_OUT:
             with race.mutex:
@@ -264,9 +270,9 @@ class KernelMechanism:
             return None
         return got  # type: ignore[return-value]
 
-    def _queued_and_close_on_error(self, f: OfdFile, mode: str, slots: int, race: Race) -> Held | None:
+    def _queued_and_close_on_error(self, f: OfdFile, mode: str, slots: int, race: Race, fifo: bool) -> Held | None:
         try:
-            held = self._queued(f, mode, slots, owned=True, race=race)
+            held = self._queued(f, mode, slots, owned=True, race=race, fifo=fifo)
         except BaseException:
             f.close()
             raise
@@ -274,7 +280,8 @@ class KernelMechanism:
             f.close()  # gave up, or a semaphore slot was won on another description
         return held
 
-    def _queued(self, f: OfdFile, mode: str, slots: int, owned: bool, race: Race | None = None) -> Held | None:
+    def _queued(self, f: OfdFile, mode: str, slots: int, owned: bool, race: Race | None = None,
+                fifo: bool = True) -> Held | None:
         if not f.fair:
             return self._take(f, mode, slots, wait=True, owned=owned)
         f.lock(META, WR, True)
@@ -312,6 +319,9 @@ class KernelMechanism:
                     if race.abandoned:
                         return None
                     f.at_head = True
+            if not fifo:
+                # First in line from now: newcomers may barge in only for BARGE_WINDOW_NS more.
+                os.pwrite(f.fd, time.monotonic_ns().to_bytes(8, "little"), HEAD_SINCE_AT)
             held = self._take(f, mode, slots, wait=True, owned=owned)
             if held is not None and held.start == MAIN and held.rec is None:
                 # An exclusive holder keeps its place in line until it releases: the next waiter then
@@ -451,14 +461,18 @@ class KernelMechanism:
         return slots, entries, tickets
 
 
+def _may_barge(fd: int) -> bool:
+    raw = os.pread(fd, 8, HEAD_SINCE_AT)
+    since = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+    return not since or time.monotonic_ns() - since < BARGE_WINDOW_NS
+
+
 def _spin(f: OfdFile, start: int) -> bool:
     """Try a read lock on `start` for up to SPIN_SECONDS without sleeping in the kernel; True if taken.
 
     nginx's ngx_shmtx does the same: a brief spin catches a release that is about to happen, and yielding
     between tries leaves the CPU to the holder if it shares ours.
     """
-    import time
-
     end = time.monotonic() + SPIN_SECONDS
     while True:
         if f.lock(start, RD, False):

@@ -86,7 +86,8 @@ def main() -> None:
         mode = kind
         if kind == "mixed":
             mode = "exclusive" if rng.random() < 0.3 else "shared"
-        lock = hostlock.Lock("stress", mode=mode if kind != "sem" else "exclusive", slots=slots, directory=lockdir)
+        lock = hostlock.Lock("stress", mode=mode if kind != "sem" else "exclusive", slots=slots, directory=lockdir,
+                             fifo=os.environ.get("STRESS_FIFO", "1") == "1")
         with lock:
             if kind == "sem":
                 mine = "S.%d" % me

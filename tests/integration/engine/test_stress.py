@@ -14,9 +14,9 @@ import pytest
 WORKER = os.path.join(os.path.dirname(__file__), "stress_worker.py")
 
 
-def run_workers(lockdir, det, kind, n, cycles, slots=1):
+def run_workers(lockdir, det, kind, n, cycles, slots=1, env=None):
     procs = [subprocess.Popen([sys.executable, WORKER, lockdir, det, kind, str(cycles), str(slots)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(n)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(n)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert len(outs) == len(procs)
     for p, (out, err) in zip(procs, outs):  # noqa: B905 - runs on Python 3.8 too (make test-pythons)
@@ -31,6 +31,14 @@ def test_kernel_stress_8_processes(mechdir, tmp_path, kind, slots):
     det = tmp_path / "det"
     det.mkdir()
     run_workers(mechdir, str(det), kind, 8, cycles, slots)
+
+
+@pytest.mark.parametrize("kind", ["exclusive", "mixed"])
+def test_barging_switch_still_excludes(lockdir, tmp_path, kind):
+    """fifo=False lets newcomers overtake a fresh first waiter: order changes, exclusion must not."""
+    det = tmp_path / "det"
+    det.mkdir()
+    run_workers(lockdir, str(det), kind, 8, 1500, env=dict(os.environ, STRESS_FIFO="0"))
 
 
 def test_sigkill_at_random_points_never_gives_two_holders(mechdir, tmp_path):
