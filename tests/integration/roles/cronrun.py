@@ -110,7 +110,8 @@ def main() -> int:
     outputs = [tempfile.TemporaryFile() for _ in range(args.copies)]
     procs = [spawn(user, env, command, stdin, out.fileno()) for out in outputs]
     runs = []
-    for proc, out in zip(procs, outputs):
+    for i, proc in enumerate(procs):
+        out = outputs[i]
         rc = proc.wait(timeout=120)
         out.seek(0)
         runs.append({"pid": proc.pid, "rc": rc, "output": out.read().decode("utf-8", "replace")})

@@ -1,0 +1,59 @@
+# Roles: hostlock.core.cli (installs the command) and hostlock.core.cron (single-instance cron jobs).
+#
+#   make test-roles      molecule test for each role: check mode on a fresh host, converge, idempotence, verify,
+#                        against a disposable SSH target (tests/integration/roles/target.sh: sshd on 127.0.0.1 in a
+#                        private mount namespace, so the roles write their real paths and this machine stays as it was)
+#   make lint-roles      ansible-lint, production profile, over both roles and their molecule scenarios
+#   make molecule ROLE=cron CMD=converge   one molecule command for one role (login, verify, destroy, ...)
+
+ROLES              := cli cron
+# molecule and ansible-lint find hostlock.core through this symlink instead of installing a copy into ~/.ansible
+# (molecule's prerun would, and a stale copy there shadows the checkout for every later ansible run).
+ROLES_COLLECTIONS  := $(VENV)/roles-collections
+MOLECULE           := $(abspath $(VENV_BIN))/molecule
+MOLECULE_ARGS      ?=
+ROLE               ?= cli
+CMD                ?= test
+
+.PHONY: test-roles lint-roles molecule roles-deps roles-collection
+
+# sshd for the target; cron for crontab(1) and /etc/cron.d, which ansible.builtin.cron requires on the host.
+roles-deps:
+	@missing=""; \
+	[[ -x /usr/sbin/sshd ]] || missing="$$missing openssh-server"; \
+	command -v crontab >/dev/null || missing="$$missing cron"; \
+	if [[ -n "$$missing" ]]; then \
+	  echo "roles-deps: apt-get install$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+roles-collection: venv
+	@mkdir -p $(ROLES_COLLECTIONS)/ansible_collections/hostlock
+	@ln -sfn ../../../.. $(ROLES_COLLECTIONS)/ansible_collections/hostlock/core
+
+# The scenarios run side by side (each has its own target; their time is mostly waiting on SSH round trips),
+# each into its own log, printed when it ends.
+test-roles: venv roles-deps roles-collection module-utils
+	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-roles.XXXXXX"); trap 'rm -rf "$$logs"' EXIT; \
+	for role in $(ROLES); do \
+	  echo "make test-roles: molecule test for hostlock.core.$$role (log: $$logs/$$role.log)"; \
+	  (cd roles/$$role && ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1; \
+	   echo $$? >"$$logs/$$role.rc") & \
+	done; \
+	wait; failed=""; \
+	for role in $(ROLES); do \
+	  rc=$$(cat "$$logs/$$role.rc"); \
+	  if [[ $$rc != 0 ]]; then failed="$$failed $$role"; cat "$$logs/$$role.log"; fi; \
+	  echo "make test-roles: hostlock.core.$$role: $$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
+	  grep -E '^default (>|➜) [a-z_]+: Executed' "$$logs/$$role.log" | sed 's/^/  /' || true; \
+	done; \
+	[[ -z "$$failed" ]] || { echo "make test-roles: failed:$$failed"; exit 1; }
+
+molecule: venv roles-deps roles-collection module-utils
+	cd roles/$(ROLE) && $(MOLECULE) $(CMD) $(MOLECULE_ARGS)
+
+lint-roles: venv roles-collection
+	ANSIBLE_COLLECTIONS_PATH=$(abspath $(ROLES_COLLECTIONS)) \
+	  $(VENV_BIN)/ansible-lint --offline --profile production roles/cli roles/cron tests/integration/roles
+
+TEST_TARGETS += test-roles
