@@ -107,7 +107,7 @@ def main() -> int:
         print(json.dumps({"pid": proc.pid, "user": user, "line": command}))
         return 0
 
-    outputs = [tempfile.TemporaryFile() for _ in range(args.copies)]
+    outputs = [tempfile.TemporaryFile() for _copy in range(args.copies)]
     procs = [spawn(user, env, command, stdin, out.fileno()) for out in outputs]
     runs = []
     for i, proc in enumerate(procs):

@@ -33,7 +33,7 @@ namespace_pids() {
 }
 
 stop() {
-    local pid pids i
+    local pid pids _
     if [[ -s "$work/sshd.pid" ]]; then
         pid=$(<"$work/sshd.pid")
         if [[ -d /proc/$pid && $(readlink "/proc/$pid/exe" 2>/dev/null) == "$sshd" ]]; then
@@ -41,7 +41,7 @@ stop() {
             # Never our own namespace: that would mean the pid file points at a process outside the target.
             if [[ $(readlink "/proc/$pid/ns/mnt") != $(readlink /proc/self/ns/mnt) && ${#pids[@]} -gt 0 ]]; then
                 kill -KILL "${pids[@]}" 2>/dev/null || true
-                for i in $(seq 50); do
+                for _ in $(seq 50); do
                     kill -0 "${pids[@]}" 2>/dev/null || break
                     sleep 0.1
                 done
@@ -78,6 +78,7 @@ PrintMotd no
 Subsystem sftp internal-sftp
 CONFIG
     # The inner shell sets up the namespace; sshd then daemonizes and keeps it alive until stop.
+    # shellcheck disable=SC2016  # the script is single-quoted on purpose: the inner shell expands $1 and $2
     unshare --mount --propagation private -- /bin/sh -euc '
         work=$1
         mount -t overlay overlay -o "lowerdir=/etc,upperdir=$work/etc.upper,workdir=$work/etc.work" /etc
@@ -89,8 +90,8 @@ CONFIG
         mount -t tmpfs -o mode=0755 hostlock-target-home /home
         exec "$2" -f "$work/sshd_config" -E "$work/sshd.log"
     ' target "$work" "$sshd" || die "could not start the target (see $work/sshd.log)"
-    local i
-    for i in $(seq 100); do
+    local _
+    for _ in $(seq 100); do
         if [[ -s "$work/sshd.pid" ]] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port" >"$work/port"
             echo "$port"
