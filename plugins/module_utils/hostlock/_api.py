@@ -1,0 +1,471 @@
+# GENERATED from lib/hostlock/_api.py by `make module-utils`: do not edit; edit lib/hostlock instead.
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The policy layer: names, directories, timeouts, re-entrancy, threads, fork; mechanisms do the locking.
+
+A Lock owns one open lock file (kernel mechanisms) and at most one acquisition at a time. Timeouts,
+re-entrancy within a thread, exclusion between threads of one process and fork safety live here, once,
+for every mechanism.
+"""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import math
+import os
+import time
+from _weakref import ref
+
+from . import _kernel
+from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file
+from ._error import HostlockError, LockFileError, LockTimeout, MechanismError
+from ._names import validate_name
+from ._owner import Holder, _Self, build_record, parse_record, record_prefix
+
+MODES = ("exclusive", "shared")
+_KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}
+_LIVE: dict = {}  # id -> weakref of every Lock, so a forked child can drop its copies
+
+
+def _after_fork_in_child() -> None:
+    """A child must never unlock (or keep) its parent's locks (filelock #634): close, don't unlock."""
+    for r in list(_LIVE.values()):
+        lock = r()
+        if lock is not None:
+            lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _record_mechanism() -> object:
+    from ._record import RecordMechanism  # only where kernel locks fail: keep it off the start-up path
+
+    return RecordMechanism()
+
+
+def _backoff(attempt: int, deadline: float | None) -> bool:
+    from ._record import backoff_sleep
+
+    return backoff_sleep(attempt, deadline)
+
+
+def _track(lock: Lock) -> None:
+    key = id(lock)
+    _LIVE[key] = ref(lock, lambda _r: _LIVE.pop(key, None))
+
+
+class Lock:
+    """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory."""
+
+    def __init__(self, name: str, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
+                 mechanism: str = "auto", label: str | None = None, fifo: bool = True) -> None:
+        self.name = validate_name(name)
+        if mode not in MODES:
+            raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
+        if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= _kernel.MAX_SLOTS:
+            raise ValueError("slots must be a whole number from 1 to %d, not %r" % (_kernel.MAX_SLOTS, slots))
+        if slots > 1 and mode != "exclusive":
+            raise ValueError("a semaphore (slots > 1) takes its slots exclusively: use mode='exclusive'")
+        if mechanism not in ("auto", "ofd", "flock", "record"):
+            raise ValueError("mechanism must be auto, ofd, flock or record, not %r" % (mechanism,))
+        self.mode = mode
+        self.slots = slots
+        self.fifo = bool(fifo)
+        self.directory = os.path.abspath(directory or default_directory())
+        self._extra: dict = {"label": label} if label else {}
+        self._prefix = b""
+        self._prefix_pid = -1  # the cached record prefix belongs to this pid (changes after fork)
+        self._mutex = _thread.allocate_lock()
+        self._thread: int | None = None
+        self._count = 0
+        self._held: object = None
+        self._file: _kernel.OfdFile | None = None
+        dirfd, self._shared_dir = open_directory(self.directory)
+        try:
+            self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, _kernel.probe)
+            if self.mechanism == "ofd" and not _kernel.HAS_OFD:
+                raise MechanismError("lock directory %s uses OFD locks, which this platform lacks"
+                                     % self.directory, directory=self.directory)
+        finally:
+            os.close(dirfd)
+        self._record = _record_mechanism() if self.mechanism == "record" else None
+        self.path = os.path.join(self.directory, self.name + (".lock" if self._record is None else "~owner"))
+        _track(self)
+
+    # -- public API ------------------------------------------------------------------------------------
+    @property
+    def locked(self) -> bool:
+        """True while this object (in this process) holds the lock."""
+        return self._held is not None
+
+    def acquire(self, timeout: float | None = None) -> Lock:
+        """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread."""
+        if timeout is not None:
+            timeout = float(timeout)
+            if math.isnan(timeout) or timeout < 0:
+                raise ValueError("timeout must be None or a number of seconds >= 0, not %r" % (timeout,))
+        me = _thread.get_ident()
+        if self._held is not None and self._thread == me:
+            self._count += 1
+            return self
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._mutex.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise self._timeout(timeout)
+        try:
+            held = self._acquire(deadline)
+        except BaseException:
+            self._mutex.release()
+            raise
+        if held is None:
+            self._mutex.release()
+            raise self._timeout(timeout)
+        self._held, self._thread, self._count = held, me, 1
+        return self
+
+    def release(self) -> None:
+        """Release one level of acquisition; releasing a lock not held is a no-op."""
+        if self._held is None:
+            return
+        self._count -= 1
+        if self._count > 0:
+            return
+        held, self._held, self._thread = self._held, None, None
+        try:
+            if self._record is not None:
+                dirfd = self._dirfd()
+                try:
+                    self._record.release(dirfd, held)  # type: ignore[arg-type]
+                finally:
+                    os.close(dirfd)
+            else:
+                _KERNEL[self.mechanism].release(held)  # type: ignore[arg-type]
+        finally:
+            self._mutex.release()
+
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None,
+                      label: str | None = None, **extra: object) -> None:
+        """Rewrite our owner record, e.g. so status names the job a supervisor started."""
+        for key, value in (("jpid", job_pid), ("jcmd", job_cmdline), ("label", label)):
+            if value is not None:
+                self._extra[key] = value
+        self._extra.update({k: v for k, v in extra.items() if v is not None})
+        self._prefix_pid = -1
+        if self._held is not None:
+            self._write_record(self._held)
+
+    def close(self) -> None:
+        """Release if held and close the lock file; the object can be used again afterwards."""
+        while self._held is not None:
+            self.release()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_held", None) is not None and self._count and self._thread is not None:
+                self._count = 1
+                self.release()
+            if getattr(self, "_file", None) is not None:
+                self._file.close()  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - never raise from a finaliser at interpreter exit
+            pass
+
+    def __repr__(self) -> str:
+        return "<hostlock.Lock %r %s%s in %s (%s)%s>" % (
+            self.name, self.mode, " slots=%d" % self.slots if self.slots > 1 else "", self.directory,
+            self.mechanism, " held" if self.locked else "")
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _dirfd(self) -> int:
+        return open_directory(self.directory)[0]
+
+    def _forget(self) -> None:
+        """In a forked child: drop every descriptor without unlocking; the parent still holds the lock."""
+        held = self._held
+        self._held, self._thread, self._count = None, None, 0
+        self._mutex = _thread.allocate_lock()
+        fds = []
+        if isinstance(held, _kernel.Held) and held.owned_file:
+            held.file.close()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._record is not None:
+            fds = [h.fd for h in self._record._pending.values()] + ([held.fd] if held is not None else [])  # type: ignore[attr-defined]
+            self._record = _record_mechanism()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _open_file(self) -> _kernel.OfdFile:
+        if self._file is None:
+            dirfd = self._dirfd()
+            try:
+                fd = open_lock_file(dirfd, self.name + ".lock", self.directory, self._shared_dir)
+            finally:
+                os.close(dirfd)
+            try:
+                self._file = _KERNEL[self.mechanism].wrap(fd, self.path, self.slots)
+            except BaseException:
+                os.close(fd)
+                raise
+        return self._file
+
+    def _acquire(self, deadline: float | None) -> object:
+        # Build our identity before any wait: a woken waiter must not spend its first moments
+        # reading /proc (a fresh process has not computed it yet).
+        self._record_bytes(None)
+        if self._record is not None:
+            return self._acquire_record(deadline)
+        mech = _KERNEL[self.mechanism]
+        while True:
+            f = self._open_file()
+            held = mech.try_acquire(f, self.mode, self.slots, self.fifo)
+            if held is None and (deadline is None or deadline > time.monotonic()):
+                held = mech.acquire(f, self.mode, self.slots, deadline, self.fifo)
+            if held is None:
+                return None
+            if os.fstat(held.file.fd).st_nlink == 0:
+                # Our file was unlinked (or replaced) while we waited: a lock on a dead inode excludes no
+                # one who opens the name now. Let go and start over on the current file.
+                mech.release(held)
+                self._file.close()  # type: ignore[union-attr]
+                self._file = None
+                continue
+            try:
+                self._write_record(held)
+            except BaseException:
+                mech.release(held)
+                raise
+            return held
+
+    def _acquire_record(self, deadline: float | None) -> object:
+        rec = self._record
+        attempt = 0
+        while True:
+            dirfd = self._dirfd()
+            try:
+                held = rec.try_acquire(dirfd, self.directory, self.name, self.mode, self.slots,  # type: ignore[union-attr]
+                                       self._record_bytes(None), self._shared_dir)
+                if held is None and not _backoff(attempt, deadline):
+                    rec.abandon(dirfd, self.name)  # type: ignore[union-attr]
+                    return None
+            finally:
+                os.close(dirfd)
+            if held is not None:
+                if held.slot is not None:
+                    self._write_record(held)
+                return held
+            attempt += 1
+
+    def _record_bytes(self, slot: int | None, ticket: int | None = None) -> bytes:
+        if self._prefix_pid != _Self.get().pid:
+            self._prefix = record_prefix(self.mode, self._extra)
+            self._prefix_pid = _Self.pid
+        return build_record(self._prefix, slot, ticket)
+
+    def _write_record(self, held: object) -> None:
+        data = self._record_bytes(getattr(held, "slot", None), getattr(held, "ticket", None))
+        if self._record is not None:
+            self._record.write_record(held, data)  # type: ignore[arg-type]
+        else:
+            _KERNEL[self.mechanism].write_record(held, data)  # type: ignore[arg-type]
+
+    def _own_record(self) -> dict | None:
+        if self._held is None:
+            return None
+        if self._record is not None:
+            return parse_record(self._record.read_record(self._held))  # type: ignore[arg-type]
+        return parse_record(_KERNEL[self.mechanism].read_record(self._held))  # type: ignore[arg-type]
+
+    def _timeout(self, timeout: float | None) -> LockTimeout:
+        try:
+            st = status(self.name, self.directory)
+            holders, waiters = st.holders, st.waiters
+        except HostlockError:
+            holders, waiters = [], 0
+        who = "; ".join(h.describe() for h in holders) or "another holder"
+        return LockTimeout(
+            "lock %r in %s is held by %s%s; gave up after %ss" % (
+                self.name, self.directory, who, ", %d waiting" % waiters if waiters else "", timeout),
+            holders=holders, waiters=waiters, path=self.path, directory=self.directory)
+
+
+class LockStatus:
+    """One lock as seen from outside: who holds it, how many wait, and whether anything is stale."""
+
+    __slots__ = ("name", "directory", "path", "mechanism", "slots", "holders", "waiters", "stale")
+
+    def __init__(self, name: str, directory: str, path: str, mechanism: str, slots: int, holders: list,
+                 waiters: int) -> None:
+        self.name, self.directory, self.path, self.mechanism = name, directory, path, mechanism
+        self.slots, self.holders, self.waiters = slots, holders, waiters
+        self.stale = any(h.stale for h in holders)
+
+    @property
+    def held(self) -> bool:
+        return bool(self.holders)
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["holders"] = [h.as_dict() for h in self.holders]
+        d["held"] = self.held
+        return d
+
+    def __repr__(self) -> str:
+        return "LockStatus(%r, %d holder(s), %d waiting%s)" % (
+            self.name, len(self.holders), self.waiters, ", stale" if self.stale else "")
+
+
+def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel: bool) -> Holder:
+    h = Holder(fields, mode, slot)
+    h.stale = h.lease_expired or (h.alive is False and not held_by_kernel)
+    return h
+
+
+def _read_mechanism(dirfd: int) -> str | None:
+    from ._directory import MARKER
+
+    try:
+        fd = os.open(MARKER, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=dirfd)
+    except FileNotFoundError:
+        return None
+    try:
+        return os.read(fd, 64).decode("ascii", "replace").strip() or None
+    finally:
+        os.close(fd)
+
+
+def status(name: str, directory: str | None = None) -> LockStatus:
+    """Holders and waiters of one lock, read without taking it; never creates anything."""
+    validate_name(name)
+    directory = os.path.abspath(directory or default_directory())
+    if not os.path.lexists(directory):
+        return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
+    dirfd = open_directory(directory)[0]
+    try:
+        return _status(dirfd, directory, name, _read_mechanism(dirfd) or "none")
+    finally:
+        os.close(dirfd)
+
+
+def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
+    if mechanism == "record":
+        slots, entries = _record_mechanism().inspect(dirfd, name)
+        holders = [_holder(f, m, s, held_by_kernel=False) for f, m, s, _n in entries]
+        return LockStatus(name, directory, os.path.join(directory, name + "~owner"), mechanism, slots, holders, 0)
+    path = os.path.join(directory, name + ".lock")
+    if mechanism not in _KERNEL:
+        return LockStatus(name, directory, path, mechanism, 1, [], 0)
+    try:
+        fd = open_lock_file(dirfd, name + ".lock", directory, False, create=False, write=False)
+    except FileNotFoundError:
+        return LockStatus(name, directory, path, mechanism, 1, [], 0)
+    f = _KERNEL[mechanism].file_class(fd, path)
+    try:
+        slots, entries, tickets = _KERNEL[mechanism].inspect(f)
+    finally:
+        f.close()
+    records = [(parse_record(r) if r else None, m, s) for r, m, s in entries]
+    holding = {fields.get("q") for fields, _m, _s in records if fields}
+    holders = [_holder(fields, m, s, held_by_kernel=True) for fields, m, s in records]
+    waiters = len([t for t in tickets if str(t) not in holding])
+    return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
+
+
+def holders(name: str, directory: str | None = None) -> list:
+    """The current holders of a lock (see Holder), for 'who holds it?'."""
+    return status(name, directory).holders
+
+
+def list_locks(directory: str | None = None) -> list:
+    """Every lock in a directory that has a file, held or not, sorted by name."""
+    directory = os.path.abspath(directory or default_directory())
+    if not os.path.lexists(directory):
+        return []
+    dirfd = open_directory(directory)[0]
+    try:
+        mechanism = _read_mechanism(dirfd) or "none"
+        names = set()
+        for entry in os.listdir(dirfd):
+            if mechanism == "record":
+                base, sep, kind = entry.partition("~")
+                if sep and (kind == "owner" or kind.startswith("r~") or kind[:1] == "s"):
+                    names.add(base)
+            elif entry.endswith(".lock") and not entry.startswith("."):
+                names.add(entry[:-5])
+        out = []
+        for n in sorted(names):
+            try:
+                out.append(_status(dirfd, directory, validate_name(n), mechanism))
+            except (HostlockError, ValueError, OSError):
+                continue  # a foreign or corrupt file must not hide every other lock
+        return out
+    finally:
+        os.close(dirfd)
+
+
+def break_lock(name: str, directory: str | None = None, force: bool = False, wait: float = 5.0) -> list:
+    """Remove provably stale state (dead owners' files, expired leases); with force, end live holders too.
+
+    Ending a live holder means SIGTERM to its recorded process after re-checking pid + start time, and
+    only for holders of this user unless we are root: the kernel's kill() permission check agrees.
+    """
+    import signal
+
+    st = status(name, directory)
+    directory = st.directory
+    acted = []
+    if st.mechanism == "record":
+        dirfd = open_directory(directory)[0]
+        try:
+            acted += _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
+        finally:
+            os.close(dirfd)
+    for h in st.holders:
+        if h.alive is False or not isinstance(h.pid, int):
+            continue
+        if not (h.lease_expired or force):
+            continue
+        if os.geteuid() != 0 and h.uid != os.geteuid():
+            raise HostlockError("lock %r in %s is held by uid %s (%s): only that user or root can break it"
+                                % (name, directory, h.uid, h.describe()), directory=directory, errno=errno.EPERM)
+        from ._owner import start_time
+
+        if h.start_time is not None and str(h.start_time) != start_time(h.pid):
+            continue  # the pid was reused: never signal a stranger
+        try:
+            os.kill(h.pid, signal.SIGTERM)
+            acted.append(h)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            raise HostlockError("not permitted to end pid %d holding lock %r: it belongs to another user"
+                                % (h.pid, name), directory=directory, errno=errno.EPERM) from None
+    # Say what was removed only once it is gone: wait (briefly) for the signalled holders to let go.
+    deadline = time.monotonic() + wait
+    signalled = {h.pid for h in acted}
+    while signalled and time.monotonic() < deadline:
+        if not signalled & {h.pid for h in status(name, directory).holders}:
+            break
+        time.sleep(0.01)
+    return acted
+
+
+def _shared(dirfd: int) -> bool:
+    return bool(os.fstat(dirfd).st_mode & 0o020)
+
+
+__all__ = ["Lock", "LockStatus", "status", "holders", "list_locks", "break_lock", "LockFileError"]

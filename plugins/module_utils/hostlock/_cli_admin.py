@@ -1,0 +1,400 @@
+# GENERATED from lib/hostlock/_cli_admin.py by `make module-utils`: do not edit; edit lib/hostlock instead.
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""`hostlock status|list|hold|renew|release|break`: the operator's and the scripts' view of the locks.
+
+Not on the hot path, so argparse and json are fine here (imported only when these commands run).
+The JSON shapes are a stable interface, versioned by their "schema" key and documented in docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from . import (
+    Holder,
+    LockStatus,
+    LockTimeout,
+    break_lock,
+    default_directory,
+    hold,
+    list_locks,
+    parse_duration,
+    release,
+    renew,
+    status,
+)
+from . import _cli_common as c
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, NoReturn
+
+STATUS_SCHEMA = "hostlock.status/1"
+LEASE_SCHEMA = "hostlock.lease/1"
+BREAK_SCHEMA = "hostlock.break/1"
+
+_EPILOG = ("exit status: 0 ok; 64 usage; 65 lock error; 66 cannot open the lock directory or file; "
+           "71 OS error; 73 read-only or full file system; 75 (or -E CODE) lock busy; "
+           "77 wrong or expired token, or another user's lock")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with hostlock's conventions: a one-line error on stderr and exit 64 (EX_USAGE), not 2."""
+
+    def error(self, message: str) -> NoReturn:
+        c.say("%s: %s (see '%s --help')" % (self.prog.split(" ", 1)[-1], message, self.prog))
+        raise SystemExit(c.EX_USAGE)
+
+
+def _parser(command: str, description: str) -> _Parser:
+    return _Parser(prog="hostlock " + command, description=description, epilog=_EPILOG,
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _exit_code(text: str) -> int:
+    try:
+        return c.exit_code_arg(text, "-E")
+    except c.UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _slots(text: str) -> int:
+    try:
+        return c.count_arg(text, "--slots")
+    except c.UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-d", "--dir", metavar="DIR", help="lock directory (default: $HOSTLOCK_DIR, "
+                   "/run/lock/hostlock, or a per-user directory)")
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output (schema in docs/cli.md)")
+
+
+def _build(command: str) -> argparse.ArgumentParser:
+    if command in ("status", "list"):
+        p = _parser(command, "Show holders (with the job each runs), waiters and stale state of %s."
+                    % ("lock NAME, or of every lock" if command == "status" else "every lock in the directory"))
+        if command == "status":
+            p.add_argument("name", nargs="?", metavar="NAME", help="the lock (default: every lock)")
+        _add_dir(p)
+        _add_json(p)
+        p.add_argument("-w", "--wide", action="store_true", help="do not shorten command lines")
+    elif command == "hold":
+        p = _parser(command, "Take lock NAME for a lease that outlives this command: a detached holder process "
+                    "keeps it until 'hostlock release', the lease's end, or its death. Prints the token "
+                    "that renew and release need.")
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("--lease", type=_duration, required=True, metavar="DURATION",
+                       help="how long the lease lasts unless renewed (e.g. 90, 30s, 10m, 1h30m)")
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("-x", "-e", "--exclusive", dest="mode", action="store_const", const="exclusive",
+                       default="exclusive", help="exclusive lock (default)")
+        g.add_argument("-s", "--shared", dest="mode", action="store_const", const="shared", help="shared lock")
+        p.add_argument("--slots", type=_slots, default=1, metavar="N", help="N-slot semaphore")
+        w = p.add_mutually_exclusive_group()
+        w.add_argument("-n", "--nb", "--nonblock", dest="wait", action="store_const", const=0.0,
+                       help="do not wait if the lock is busy")
+        w.add_argument("-w", "--wait", dest="wait", type=_duration, metavar="DURATION",
+                       help="wait at most DURATION (default: wait as long as it takes)")
+        p.add_argument("-E", "--conflict-exit-code", type=_exit_code, default=c.CONFLICT_DEFAULT, metavar="CODE",
+                       help="exit code when the lock is busy (default %(default)s)")
+        p.add_argument("--mechanism", choices=("auto", "ofd", "flock", "record"), default="auto")
+        p.add_argument("--label", metavar="TEXT", help="free text shown by 'hostlock status'")
+        _add_dir(p)
+        _add_json(p)
+    elif command in ("renew", "release"):
+        what = "Extend the lease on" if command == "renew" else "Release the lease on"
+        p = _parser(command, "%s lock NAME. TOKEN is what 'hostlock hold' printed; '-' reads it from "
+                    "stdin (keeps it out of ps)." % what)
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("token", metavar="TOKEN")
+        if command == "renew":
+            p.add_argument("--lease", type=_duration, metavar="DURATION",
+                           help="new length from now (default: the lease's original length)")
+        _add_dir(p)
+        _add_json(p)
+    else:  # break
+        p = _parser(command, "Remove provably stale state of lock NAME (dead holders, ended leases) and say "
+                    "what was removed. --force also ends live holders: your own, or anyone's as root.")
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("--force", action="store_true", help="also end live holders (leases, processes)")
+        _add_dir(p)
+        _add_json(p)
+    return p
+
+
+def main_admin(command: str, args: list[str]) -> int:
+    """Run one admin subcommand; engine errors become one line and their documented exit code."""
+    try:
+        ns = _build(command).parse_args(args)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else c.EX_USAGE
+    try:
+        return _COMMANDS[command](ns)
+    except c.UsageError as exc:
+        return c.usage_error(str(exc), command)
+    except LockTimeout as exc:
+        from ._cli_run import conflict_text
+
+        c.say(conflict_text(ns.name, exc, getattr(ns, "wait", None)))
+        return ns.conflict_exit_code
+    except Exception as exc:
+        code = c.error_exit_code(exc)
+        if code == c.EX_USAGE:
+            return c.usage_error(c.describe_error(exc), command)
+        name = getattr(ns, "name", None)
+        c.say("%s%s: %s" % (command, " %s" % name if name else "", c.describe_error(exc)))
+        return code
+
+
+# ------------------------------------------------------------------------------------------ status/list
+
+
+def holder_json(h: Holder) -> dict[str, Any]:
+    """One holder in the documented, stable JSON shape (not the engine's internal as_dict)."""
+    return {
+        "pid": h.pid,
+        "user": h.user,
+        "uid": h.uid,
+        "mode": h.mode,
+        "slot": h.slot,
+        "cmdline": h.cmdline,
+        "job_pid": h.job_pid,
+        "job_cmdline": h.job_cmdline,
+        "label": h.label,
+        "acquired_at": h.acquired_at,
+        "lease_expires": h.lease_expires,
+        "token_id": h.token_id,
+        "alive": h.alive,
+        "stale": bool(h.stale),
+        "hostname": h.hostname,
+        "boot_id": h.boot_id,
+        "start_time": h.start_time,
+    }
+
+
+def _state(st: LockStatus) -> str:
+    live = [h for h in st.holders if not h.stale]
+    if live:
+        return "held"
+    return "stale" if st.stale or st.holders else "free"
+
+
+def lock_json(st: LockStatus) -> dict[str, Any]:
+    """One lock in the documented JSON shape."""
+    return {
+        "name": st.name,
+        "path": st.path,
+        "mechanism": st.mechanism,
+        "slots": st.slots,
+        "state": _state(st),
+        "stale": bool(st.stale),
+        "waiters": st.waiters,
+        "holders": [holder_json(h) for h in st.holders],
+    }
+
+
+def _print_json(obj: object) -> None:
+    import json
+
+    c.write_out(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def _lease_text(expires: float | None, now: float) -> str:
+    if expires is None:
+        return "-"
+    if expires <= now:
+        return "ended %s ago" % c.format_span(now - expires)
+    return "%s (in %s)" % (time.strftime("%H:%M:%S", time.localtime(expires)), c.format_span(expires - now))
+
+
+def _shorten(text: str, width: int, wide: bool) -> str:
+    return text if wide or len(text) <= width else text[:width - 3] + "..."
+
+
+def table(statuses: list[LockStatus], wide: bool) -> str:
+    """The people's view: one row per holder (a free lock gets one row), columns sized to fit."""
+    now = time.time()
+    rows = [["LOCK", "STATE", "MODE", "PID", "USER", "SINCE", "LEASE", "WAIT", "JOB"]]
+    for st in statuses:
+        state = _state(st)
+        if not st.holders:
+            rows.append([st.name, state, "-", "-", "-", "-", "-", str(st.waiters), "-"])
+            continue
+        for i, h in enumerate(st.holders):
+            mode = h.mode or "?"
+            if h.slot is not None:
+                mode = "slot %d/%d" % (h.slot + 1, st.slots)
+            if h.job_pid:
+                job = "%d %s" % (h.job_pid, h.job_cmdline or "?")
+            elif h.label:
+                job = "[%s]" % h.label
+            else:
+                job = h.cmdline or "?"
+            if h.label and h.job_pid:
+                job += " [%s]" % h.label
+            since = "-"
+            if h.acquired_at:
+                since = "%s (%s)" % (time.strftime("%H:%M:%S", time.localtime(h.acquired_at)),
+                                     c.format_span(now - h.acquired_at))
+            rows.append([
+                st.name if i == 0 else "",
+                ("stale" if h.stale else state) if i == 0 or h.stale else "",
+                mode,
+                str(h.pid) if h.pid is not None else "?",
+                h.user or (str(h.uid) if h.uid is not None else "?"),
+                since,
+                _lease_text(h.lease_expires, now),
+                str(st.waiters) if i == 0 else "",
+                _shorten(job, 60, wide),
+            ])
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        lines.append("  ".join(r[k].ljust(widths[k]) for k in range(len(r) - 1)) + "  " + r[-1])
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _directory(ns: argparse.Namespace) -> str:
+    return ns.dir if ns.dir else default_directory()
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    """status [NAME] / list: the table, or {"schema", "directory", "locks": [...]}."""
+    name = getattr(ns, "name", None)
+    directory = _directory(ns)
+    exists = os.path.isdir(directory)
+    if not exists and ns.dir:  # an explicit --dir that does not exist is a typo, not "no locks"
+        c.say("lock directory %s does not exist" % directory)
+        return c.EX_NOINPUT
+    if name:
+        statuses = [status(name, directory=directory)]
+    else:
+        statuses = sorted(list_locks(directory=directory), key=lambda s: s.name)
+    if ns.json:
+        _print_json({"schema": STATUS_SCHEMA, "directory": directory, "locks": [lock_json(s) for s in statuses]})
+        return 0
+    out = "directory: %s%s\n" % (directory, "" if exists else " (does not exist yet)")
+    if statuses:
+        out += table(statuses, ns.wide)
+    else:
+        out += "no locks\n"
+    stale = [s.name for s in statuses if _state(s) == "stale" or any(h.stale for h in s.holders)]
+    if stale:
+        out += "stale: %s (remove with 'hostlock break NAME')\n" % ", ".join(stale)
+    c.write_out(out)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ leases
+
+
+def _token(ns: argparse.Namespace) -> str:
+    token = ns.token
+    if token == "-":
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise c.UsageError("no token on stdin")
+    return token
+
+
+def _lease_of(name: str, directory: str, token_hint: str | None = None) -> float | None:
+    """Expiry of our lease, read back from status (hold() returns only the token)."""
+    try:
+        st = status(name, directory=directory)
+    except Exception:
+        return None
+    mine = [h for h in st.holders if h.lease_expires is not None and h.uid == os.getuid()]
+    if token_hint:
+        exact = [h for h in mine if h.token_id and h.token_id in token_hint]
+        mine = exact or mine
+    return max((h.lease_expires for h in mine), default=None)  # type: ignore[type-var]
+
+
+def cmd_hold(ns: argparse.Namespace) -> int:
+    """hold: print the token on stdout (alone, so TOKEN=$(hostlock hold ...) works), or JSON."""
+    directory = _directory(ns)
+    token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, directory=directory,
+                 timeout=ns.wait, mechanism=ns.mechanism, label=ns.label)
+    if ns.json:
+        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "token": token,
+                     "lease": ns.lease, "lease_expires": _lease_of(ns.name, directory, token)})
+    else:
+        c.write_out(token + "\n")
+    return 0
+
+
+def cmd_renew(ns: argparse.Namespace) -> int:
+    """renew: print the new expiry."""
+    directory = _directory(ns)
+    expires = renew(ns.name, _token(ns), lease=ns.lease, directory=directory)
+    if ns.json:
+        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "lease_expires": expires})
+    else:
+        c.write_out("lease on %s renewed until %s\n" % (ns.name, c.format_time(expires)))
+    return 0
+
+
+def cmd_release(ns: argparse.Namespace) -> int:
+    """release: silent on success, like rm."""
+    directory = _directory(ns)
+    release(ns.name, _token(ns), directory=directory)
+    if ns.json:
+        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "released": True})
+    return 0
+
+
+# ------------------------------------------------------------------------------------------ break
+
+
+def cmd_break(ns: argparse.Namespace) -> int:
+    """break: say what was removed and whether live holders remain (exit 75 if the lock is still held)."""
+    directory = _directory(ns)
+    removed = break_lock(ns.name, directory=directory, force=ns.force)
+    # break_lock() signals live holders and returns: give them a moment to exit, so the report is true.
+    ended = {h.pid for h in removed if h.alive}
+    deadline = time.monotonic() + 5.0
+    while True:
+        st = status(ns.name, directory=directory)
+        live = [h for h in st.holders if not h.stale]
+        if not ended & {h.pid for h in live} or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    if ns.json:
+        _print_json({"schema": BREAK_SCHEMA, "name": ns.name, "directory": directory,
+                     "removed": [holder_json(h) for h in removed], "remaining": [holder_json(h) for h in live]})
+    else:
+        out = []
+        for h in removed:
+            what = "stale holder" if h.stale or h.alive is False or h.lease_expired else "live holder"
+            out.append("removed %s %s" % (what, h.describe()))
+        if not removed:
+            out.append("nothing to remove from %s" % ns.name)
+        for h in live:
+            out.append("still held by %s%s" % (h.describe(), "" if ns.force else " (use --force to end it)"))
+        c.write_out("\n".join(out) + "\n")
+    return c.EX_TEMPFAIL if live else 0
+
+
+_COMMANDS = {
+    "status": cmd_status,
+    "list": cmd_status,
+    "hold": cmd_hold,
+    "renew": cmd_renew,
+    "release": cmd_release,
+    "break": cmd_break,
+}

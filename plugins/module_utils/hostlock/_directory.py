@@ -1,0 +1,214 @@
+# GENERATED from lib/hostlock/_directory.py by `make module-utils`: do not edit; edit lib/hostlock instead.
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Where locks live, and refusing any directory or lock path another user could have planted.
+
+The system directory is shared by root and an admitted group (mode 3770: setgid so files get the group,
+sticky so nobody removes another user's files). A user who cannot use it gets a per-user directory; every
+error and status report names the directory in use, so a root playbook and a user's cron job never miss
+each other silently.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from ._error import LockDirectoryError, LockFileError, MechanismError
+
+SYSTEM_DIRECTORY = "/run/lock/hostlock"
+MARKER = ".hostlock-mechanism"
+MECHANISMS = ("ofd", "flock", "record")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # so a planted FIFO cannot block open()
+
+
+def default_directory() -> str:
+    """$HOSTLOCK_DIR, else the system directory if this user can lock there, else a per-user directory."""
+    env = os.environ.get("HOSTLOCK_DIR")
+    if env:
+        return env
+    uid = os.geteuid()
+    if uid == 0 or _usable(SYSTEM_DIRECTORY):
+        return SYSTEM_DIRECTORY
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and _owned_by_me(runtime):
+        return os.path.join(runtime, "hostlock")
+    return "/tmp/hostlock-%d" % uid
+
+
+def _owned_by_me(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _usable(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and os.access(path, os.W_OK | os.X_OK) and not _distrust(st)
+
+
+def _distrust(st: os.stat_result) -> str | None:
+    """Why a directory cannot be trusted to hold locks, or None."""
+    if st.st_uid not in (0, os.geteuid()):
+        return "it is owned by another user (uid %d)" % st.st_uid
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return "it is writable by others without the sticky bit (mode %o)" % stat.S_IMODE(st.st_mode)
+    return None
+
+
+def open_directory(path: str) -> tuple[int, bool]:
+    """Open a trusted lock directory (creating a private one if missing); returns (fd, group_shared)."""
+    if "\0" in path:
+        raise LockDirectoryError("lock directory path contains a NUL byte", directory=path)
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+    except FileNotFoundError:
+        _create(path)
+        return open_directory(path)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise LockDirectoryError(
+                "lock directory %s is a symlink or not a directory: refusing it; point HOSTLOCK_DIR at a real "
+                "directory" % path, directory=path, errno=e.errno) from None
+        hint = ("; ask an administrator to admit you to its group, or set HOSTLOCK_DIR to your own directory"
+                if e.errno in (errno.EACCES, errno.EPERM) else "")
+        raise LockDirectoryError("cannot open lock directory %s: %s%s" % (path, e.strerror, hint),
+                                 directory=path, errno=e.errno) from None
+    st = os.fstat(fd)
+    why = _distrust(st)
+    if why:
+        os.close(fd)
+        raise LockDirectoryError(
+            "refusing lock directory %s: %s; another user could plant or remove lock files there. Use a "
+            "directory owned by you or root, mode 0700, or 3770 with a group for sharing" % (path, why),
+            directory=path)
+    return fd, bool(st.st_mode & 0o020)
+
+
+def _create(path: str) -> None:
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    if not os.path.isdir(parent):
+        raise LockDirectoryError("lock directory %s does not exist and neither does its parent %s: create "
+                                 "it, or set HOSTLOCK_DIR" % (path, parent), directory=path)
+    try:
+        # Private by default; sharing with a group is an administrator's decision (the cli role).
+        os.mkdir(path, 0o700 if os.geteuid() else 0o755)
+    except FileExistsError:
+        return
+    except OSError as e:
+        raise LockDirectoryError("cannot create lock directory %s: %s. Create it (see docs/concepts.md) or "
+                                 "set HOSTLOCK_DIR to a directory you own" % (path, e.strerror),
+                                 directory=path, errno=e.errno) from None
+
+
+def open_lock_file(dirfd: int, filename: str, directory: str, shared: bool, *, create: bool = True,
+                   write: bool = True) -> int:
+    """Open a lock file that is a regular file, never through a symlink, never blocking on a FIFO.
+
+    Opens first without O_CREAT: with fs.protected_regular, O_CREAT on another user's file in a sticky
+    directory fails even for root (filelock #317). Never truncates: the holder's record is in there.
+    """
+    path = os.path.join(directory, filename)
+    flags = (os.O_RDWR if write else os.O_RDONLY) | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK
+    while True:
+        try:
+            fd = os.open(filename, flags, dir_fd=dirfd)
+            break
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                fd = os.open(filename, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dirfd)
+            except FileExistsError:
+                continue  # lost a creation race: open the winner's file
+            except OSError as e:
+                raise _file_error("cannot create lock file", path, e) from None
+            # Explicit mode: the creator's umask must not decide who else may lock (filelock #70).
+            os.fchmod(fd, 0o660 if shared else 0o600)
+            break
+        except OSError as e:
+            raise _file_error("cannot open lock file", path, e) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise LockFileError("lock path %s is not a regular file (mode %o): something was planted there; "
+                            "remove it after checking who made it" % (path, st.st_mode), path=path)
+    if _O_NONBLOCK:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_NONBLOCK)
+    return fd
+
+
+def _file_error(what: str, path: str, e: OSError) -> Exception:
+    if e.errno == errno.ELOOP:
+        return LockFileError("lock path %s is a symlink: refusing to follow it (it may point at a file an "
+                             "attacker wants overwritten); remove it" % path, path=path, errno=e.errno)
+    if e.errno in (errno.EACCES, errno.EPERM):
+        return LockFileError("%s %s: permission denied; the lock belongs to another user or group. Ask an "
+                             "administrator to admit you to the lock directory's group" % (what, path),
+                             path=path, errno=e.errno)
+    if e.errno == errno.EROFS:
+        return LockFileError("%s %s: read-only file system; use a writable HOSTLOCK_DIR" % (what, path),
+                             path=path, errno=e.errno)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LockFileError("%s %s: no space left (disk or quota full); free space and retry" % (what, path),
+                             path=path, errno=e.errno)
+    return LockFileError("%s %s: %s" % (what, path, e.strerror), path=path, errno=e.errno)
+
+
+def directory_mechanism(dirfd: int, directory: str, requested: str, probe: object) -> str:
+    """The directory's one mechanism: every process on a directory must use the same one, or none excludes.
+
+    The first user records it in a marker file; `probe(fd)` returns the kernel mechanism that works here
+    ("ofd"/"flock") or "record" when the filesystem refuses kernel locks.
+    """
+    try:
+        fd = os.open(MARKER, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
+    except FileNotFoundError:
+        tmp = "%s.%d" % (MARKER, os.getpid())
+        try:
+            wfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644,
+                          dir_fd=dirfd)
+            try:
+                os.fchmod(wfd, 0o644)
+                # Probe kernel locks on the marker file itself: no extra file left behind.
+                chosen = requested if requested != "auto" else probe(wfd)  # type: ignore[operator]
+                os.write(wfd, (chosen + "\n").encode())
+            finally:
+                os.close(wfd)
+            try:
+                os.link(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp, dir_fd=dirfd)
+        except OSError as e:
+            raise _file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
+        return directory_mechanism(dirfd, directory, requested, probe)
+    except OSError as e:
+        raise _file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LockFileError("%s is not a regular file: remove it" % os.path.join(directory, MARKER),
+                                path=os.path.join(directory, MARKER))
+        recorded = os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+    if recorded not in MECHANISMS:
+        raise MechanismError("%s names an unknown mechanism %r: remove the file when no locks are held"
+                             % (os.path.join(directory, MARKER), recorded), directory=directory)
+    if requested not in ("auto", recorded):
+        raise MechanismError(
+            "lock directory %s uses the %r mechanism, not %r: processes using different mechanisms would "
+            "not exclude each other. Use mechanism='auto' or another directory" % (directory, recorded, requested),
+            directory=directory)
+    return recorded

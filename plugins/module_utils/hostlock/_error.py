@@ -1,0 +1,45 @@
+# GENERATED from lib/hostlock/_error.py by `make module-utils`: do not edit; edit lib/hostlock instead.
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Exceptions: one base class, each error carrying the lock directory or path it is about."""
+
+from __future__ import annotations
+
+
+class HostlockError(Exception):
+    """Base of every hostlock error, so a caller can catch them all in one place."""
+
+    def __init__(self, message: str, *, path: str | None = None, directory: str | None = None,
+                 errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.directory = directory
+        self.errno = errno
+
+
+class LockTimeout(HostlockError, TimeoutError):
+    """Not acquired in time; `holders` says who had it when we gave up."""
+
+    def __init__(self, message: str, *, holders: list | None = None, waiters: int = 0, **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.holders = holders or []
+        self.waiters = waiters
+
+
+class InvalidName(HostlockError, ValueError):
+    """A lock name outside the documented character set or length."""
+
+
+class LockDirectoryError(HostlockError):
+    """The lock directory is missing, unwritable, or not trustworthy (owner, mode, symlink)."""
+
+
+class LockFileError(HostlockError):
+    """The lock path is not a regular file we may use (symlink, FIFO, device, unreadable)."""
+
+
+class TokenError(HostlockError):
+    """A lease token that is malformed, wrong, or whose lease already ended."""
+
+
+class MechanismError(HostlockError):
+    """The requested lock mechanism cannot work here, or disagrees with the directory's."""
