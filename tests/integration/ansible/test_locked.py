@@ -47,6 +47,8 @@ def test_locked_wraps_and_releases(ansible, engine, target):
 
     missing = r["Wrap a module that does not exist"]
     assert missing["_status"] == "failed" and "no.such.module" in missing["msg"], missing
+    no_lease = r["Wrap without a lease"]
+    assert no_lease["_status"] == "failed" and "lease" in no_lease["msg"], no_lease
     keyword = r["Wrap a controller-side keyword"]
     assert keyword["_status"] == "failed" and "cannot be wrapped" in keyword["msg"], keyword
     assert not r["Read the lock at the end"]["locks"][0]["holders"]
