@@ -29,7 +29,7 @@ integration-ansible: venv module-utils
 	echo "make integration-ansible: ansible-test integration $(ANSIBLE_TARGETS) in $$dest"; \
 	$(ANSIBLE_TEST) integration --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(INTEGRATION_ARGS) $(ANSIBLE_TARGETS)
 
-demo-ansible: venv
+demo-ansible: venv module-utils
 	@bash demo/ansible-demo.sh
 
 bench-ansible: venv openssh-server
