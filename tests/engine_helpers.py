@@ -7,9 +7,31 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
 if LIB not in sys.path:
     sys.path.insert(0, LIB)
+
+MECHANISMS = ["ofd", "flock", "record"]
+
+
+@pytest.fixture
+def lockdir(tmp_path):
+    d = tmp_path / "locks"
+    d.mkdir(mode=0o700)
+    return str(d)
+
+
+@pytest.fixture(params=MECHANISMS)
+def mechdir(request, tmp_path):
+    """A lock directory bound to one mechanism (the directory's marker fixes it for every process)."""
+    import hostlock
+
+    d = tmp_path / request.param
+    d.mkdir(mode=0o700)
+    hostlock.Lock("init", directory=str(d), mechanism=request.param).close()
+    return str(d)
 
 
 def child_env() -> dict:
