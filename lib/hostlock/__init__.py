@@ -24,13 +24,35 @@ from ._owner import Holder
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    """hold/renew/release load the lease code (and socket) only when used: the CLI's `run` never does."""
-    if name in ("hold", "renew", "release"):
-        from . import _lease
+def hold(name: str, lease: float, **options: object) -> str:
+    """Take `name` in a detached holder for `lease` seconds; see hostlock._lease.hold for the options.
 
-        return getattr(_lease, name)
-    raise AttributeError("module 'hostlock' has no attribute %r" % name)
+    The lease code (and socket) loads only when used: the command line's `run` never pays for it.
+    """
+    from ._lease import hold as _hold
+
+    return _hold(name, lease, **options)  # type: ignore[arg-type]
+
+
+def renew(name: str, token: str, lease: float | None = None, directory: str | None = None) -> float:
+    """Extend (or shorten) a lease to `lease` seconds from now; returns the new expiry (epoch)."""
+    from ._lease import renew as _renew
+
+    return _renew(name, token, lease, directory)
+
+
+def release(name: str, token: str, directory: str | None = None) -> None:
+    """End a lease: the lock is free when this returns."""
+    from ._lease import release as _release
+
+    _release(name, token, directory)
+
+
+def token_id(token: str) -> str:
+    """The public id of a lease token (what status shows); TokenError if it is malformed."""
+    from ._lease import token_id as _token_id
+
+    return _token_id(token)
 
 
 __all__ = [
@@ -55,5 +77,6 @@ __all__ = [
     "release",
     "renew",
     "status",
+    "token_id",
     "validate_name",
 ]

@@ -36,7 +36,15 @@ class LockFileError(HostlockError):
 
 
 class TokenError(HostlockError):
-    """A lease token that is malformed, wrong, or whose lease already ended."""
+    """A lease token that is malformed, wrong, or whose lease already ended.
+
+    `reason` tells callers which, without parsing the message: "malformed", "refused" (a wrong token for
+    a live lease), or "gone" (released, expired, or its holder died).
+    """
+
+    def __init__(self, message: str, *, reason: str = "refused", **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.reason = reason
 
 
 class MechanismError(HostlockError):

@@ -31,11 +31,11 @@ def _address(directory: str, token_id: str) -> str:
 
 def _split(token: object) -> tuple[str, str]:
     if not isinstance(token, str):
-        raise TokenError("lease token must be a string")
+        raise TokenError("lease token must be a string", reason="malformed")
     tid, sep, secret = token.strip().partition(".")
     if not sep or len(tid) != 12 or len(secret) != 32 or not all(c in "0123456789abcdef" for c in tid + secret):
         raise TokenError("malformed lease token %r: expected the token printed by hold (12 hex, '.', 32 hex)"
-                         % (token if len(token) < 80 else token[:80] + "..."))
+                         % (token if len(token) < 80 else token[:80] + "..."), reason="malformed")
     return tid, secret
 
 
@@ -171,6 +171,9 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                     conn.sendall(b"ERR wrong token\n")
                     continue
                 if words[0] == "release":
+                    # Unlock first, then answer: when release() returns, the lock is free.
+                    sock.close()
+                    lock.release()
                     conn.sendall(b"OK\n")
                     break
                 if words[0] == "renew":
@@ -210,7 +213,7 @@ def _request(name: str, token: str, directory: str | None, words: str) -> str:
         except OSError as e:
             if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
                 raise TokenError("no lease %s on lock %r: it expired, was released, or its holder died"
-                                 % (tid, name), directory=directory) from None
+                                 % (tid, name), directory=directory, reason="gone") from None
             raise
         sock.sendall(("%s %s %s %s\n" % (words.split()[0], name, secret, " ".join(words.split()[1:]))).encode())
         reply = b""
@@ -224,14 +227,19 @@ def _request(name: str, token: str, directory: str | None, words: str) -> str:
             reply = b""
         if not reply:
             raise TokenError("no lease %s on lock %r: it expired, was released, or its holder died"
-                             % (tid, name), directory=directory)
+                             % (tid, name), directory=directory, reason="gone")
     finally:
         sock.close()
     text = reply.decode("utf-8", "replace").strip()
     if not text.startswith("OK"):
         raise TokenError("lease %s refused the request for lock %r: %s" % (tid, name, text[4:] or "no answer"),
-                         directory=directory)
+                         directory=directory, reason="refused")
     return text
+
+
+def token_id(token: str) -> str:
+    """The public half of a lease token: what status shows as a holder's token_id."""
+    return _split(token)[0]
 
 
 def renew(name: str, token: str, lease: float | None = None, directory: str | None = None) -> float:

@@ -31,9 +31,10 @@ def test_hold_release(mechdir):
             hostlock.Lock("l", directory=mechdir).acquire(timeout=0)
     finally:
         hostlock.release("l", token, mechdir)
-    assert _wait_free("l", mechdir)
-    with pytest.raises(hostlock.TokenError, match="expired, was released"):
+    assert hostlock.holders("l", mechdir) == []  # release() returns once the lock is free
+    with pytest.raises(hostlock.TokenError, match="expired, was released") as e:
         hostlock.release("l", token, mechdir)
+    assert e.value.reason == "gone"
 
 
 def test_holder_detaches_fully(lockdir):
@@ -68,8 +69,13 @@ def test_wrong_and_malformed_tokens_are_refused(lockdir):
             hostlock.release("w", tid + "." + "0" * 32, lockdir)
         with pytest.raises(hostlock.TokenError, match="refused"):
             hostlock.release("other", token, lockdir)  # a token belongs to one lock name
-        with pytest.raises(hostlock.TokenError, match="malformed"):
+        with pytest.raises(hostlock.TokenError, match="malformed") as e:
             hostlock.release("w", "guess", lockdir)
+        assert e.value.reason == "malformed"
+        with pytest.raises(hostlock.TokenError) as e:
+            hostlock.release("w", tid + "." + "1" * 32, lockdir)
+        assert e.value.reason == "refused"
+        assert hostlock.token_id(token) == tid == hostlock.holders("w", lockdir)[0].token_id
         assert hostlock.holders("w", lockdir)
     finally:
         hostlock.release("w", token, lockdir)
