@@ -434,7 +434,7 @@ class Task:
         try:
             release(self.name, self.p["token"], directory=self.directory)
         except TokenError as e:
-            if "malformed" in str(e):
+            if getattr(e, "reason", "") == "malformed":
                 raise
             self.module.warn(f"lock {self.name}: the token holds no lease: it was released already or its lease "
                              f"ran out ({e}). Holders now: {describe_holders(live_holders(self.holders))}")
