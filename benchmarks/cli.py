@@ -55,7 +55,7 @@ def once(argv: list[str], env: dict[str, str]) -> float:
             os.execve(argv[0], argv, env)
         finally:
             os._exit(127)
-    _, status = os.waitpid(pid, 0)
+    status = os.waitpid(pid, 0)[1]
     took = time.perf_counter() - t0
     if status != 0:
         raise SystemExit(f"benchmark command failed ({status:#x}): {' '.join(argv)}")
@@ -85,7 +85,7 @@ def write_docs(path: Path, section: str) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--rounds", type=int, default=200, help="runs of each command (default 200)")
     ap.add_argument("--python", default=real_python(), help="interpreter the launcher uses")
     ap.add_argument("--docs", type=Path, help='write the table into this file\'s "## Command line" section')
@@ -106,10 +106,10 @@ def main() -> int:
         }
         cases = {k: v for k, v in cases.items() if v}
         for argv in cases.values():  # warm up: page cache, __pycache__, lock files created
-            for _ in range(3):
+            for _round in range(3):
                 once(argv, env)
         times: dict[str, list[float]] = {k: [] for k in cases}
-        for _ in range(args.rounds):
+        for _round in range(args.rounds):
             for k, argv in cases.items():
                 times[k].append(once(argv, env))
     finally:
@@ -120,7 +120,7 @@ def main() -> int:
     flock_ms = next((v for k, v in med.items() if k.startswith("`flock")), None)
     bare_ms = next(v for k, v in med.items() if k.startswith("`python3"))
     version = subprocess.run([args.python, "-c", "import platform; print(platform.python_version())"],
-                             capture_output=True, text=True).stdout.strip()
+                             check=False, capture_output=True, text=True).stdout.strip()
     out = [f"Python {version} ({args.python}), {os.cpu_count()} CPUs, Linux {platform.release()}, "
            f"{time.strftime('%Y-%m-%d')}; {args.rounds} runs of each command, interleaved; load average "
            f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after.", "",

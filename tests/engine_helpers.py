@@ -53,7 +53,7 @@ def wait_line(proc: subprocess.Popen, expected: str, timeout: float = 10.0) -> s
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        ready = select.select([proc.stdout], [], [], 0.1)[0]
         if ready:
             line = proc.stdout.readline()
             if not line:

@@ -48,7 +48,7 @@ class CLI:
 
     def run(self, *args, timeout=30, env=None, **kw):
         """Run to completion; returns CompletedProcess with text stdout/stderr."""
-        return subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout,
+        return subprocess.run(self.argv(*args), check=False, capture_output=True, text=True, timeout=timeout,
                               env=env or self.env, **kw)
 
     def start(self, *args, env=None, **kw):

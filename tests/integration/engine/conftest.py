@@ -6,4 +6,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from engine_helpers import lockdir, mechdir  # noqa: E402,F401 - fixtures (and lib/ on sys.path)
+import engine_helpers  # noqa: E402 - also puts lib/ on sys.path
+
+lockdir = engine_helpers.lockdir
+mechdir = engine_helpers.mechdir

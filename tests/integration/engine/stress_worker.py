@@ -82,7 +82,7 @@ def main() -> None:
     lockdir, det, kind, cycles, slots = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
     rng = random.Random(os.getpid())
     me = os.getpid()
-    for _ in range(cycles):
+    for _cycle in range(cycles):
         mode = kind
         if kind == "mixed":
             mode = "exclusive" if rng.random() < 0.3 else "shared"

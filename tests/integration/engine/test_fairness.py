@@ -68,7 +68,7 @@ def test_a_waiting_writer_is_not_starved_by_new_readers(lockdir, tmp_path):
 
 def test_semaphore_waiters_in_order(lockdir, tmp_path):
     out = str(tmp_path / "order")
-    held = [hostlock.Lock("fifo", slots=2, directory=lockdir).acquire() for _ in range(2)]
+    held = [hostlock.Lock("fifo", slots=2, directory=lockdir).acquire() for _i in range(2)]
     code = WAITER.replace('hostlock.Lock("fifo", mode=mode, directory=d)',
                           'hostlock.Lock("fifo", slots=2, directory=d)')
     procs = []

@@ -81,8 +81,8 @@ def test_missing_parent_is_a_clear_error(tmp_path):
 
 def _in_mount_namespace(body: str, tmp_path) -> subprocess.CompletedProcess:
     script = "set -e\n" + textwrap.dedent(body)
-    return subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PYTHONPATH=LIB, PY=sys.executable, D=str(tmp_path / "mnt")))
+    return subprocess.run(["unshare", "-m", "sh", "-c", script], check=False, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=LIB, PY=sys.executable, D=str(tmp_path / "mnt")))
 
 
 needs_mounts = pytest.mark.skipif(not ROOT or not shutil.which("unshare"), reason="needs root and unshare -m")
@@ -159,7 +159,7 @@ def _other_user_checks(top):
             except hostlock.HostlockError as e:
                 print(what, type(e).__name__, e)
     """)
-    out = subprocess.run([sys.executable, "-c", script, str(private), str(sticky)], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", script, str(private), str(sticky)], check=False, capture_output=True,
                          text=True, timeout=30, env=dict(os.environ, PYTHONPATH=LIB))
     lines = out.stdout.splitlines()
     assert any(line.startswith("private LockDirectoryError") for line in lines), out.stdout + out.stderr

@@ -16,7 +16,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "stress_worker.py")
 
 def run_workers(lockdir, det, kind, n, cycles, slots=1, env=None):
     procs = [subprocess.Popen([sys.executable, WORKER, lockdir, det, kind, str(cycles), str(slots)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _i in range(n)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert len(outs) == len(procs)
     for p, (out, err) in zip(procs, outs):  # noqa: B905 - runs on Python 3.8 too (make test-pythons)
@@ -57,7 +57,7 @@ def test_sigkill_at_random_points_never_gives_two_holders(mechdir, tmp_path):
         return subprocess.Popen([sys.executable, WORKER, mechdir, str(det), "exclusive", str(cycles), "1"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
-    procs = [start() for _ in range(6)]
+    procs = [start() for _i in range(6)]
     kills = 0
     deadline = time.monotonic() + 8
     try:
@@ -78,7 +78,7 @@ def test_sigkill_at_random_points_never_gives_two_holders(mechdir, tmp_path):
         for p in procs:
             p.kill()
         for p in procs:
-            out, _ = p.communicate()
+            out = p.communicate()[0]
             assert "OVERLAP" not in out, out
     assert kills >= 10
 

@@ -61,7 +61,7 @@ def test_timeout_is_honoured(mechdir):
 
 
 def test_shared_holders_coexist_and_exclude_writers(mechdir):
-    readers = [hostlock.Lock("rw", mode="shared", directory=mechdir).acquire(timeout=0) for _ in range(3)]
+    readers = [hostlock.Lock("rw", mode="shared", directory=mechdir).acquire(timeout=0) for _i in range(3)]
     st = hostlock.status("rw", mechdir)
     assert len(st.holders) == 3 and {h.mode for h in st.holders} == {"shared"}
     with pytest.raises(hostlock.LockTimeout):
@@ -75,7 +75,7 @@ def test_shared_holders_coexist_and_exclude_writers(mechdir):
 
 
 def test_semaphore_admits_exactly_n(mechdir):
-    held = [hostlock.Lock("sem", slots=3, directory=mechdir).acquire(timeout=0) for _ in range(3)]
+    held = [hostlock.Lock("sem", slots=3, directory=mechdir).acquire(timeout=0) for _i in range(3)]
     with pytest.raises(hostlock.LockTimeout):
         hostlock.Lock("sem", slots=3, directory=mechdir).acquire(timeout=0.1)
     st = hostlock.status("sem", mechdir)
@@ -88,7 +88,7 @@ def test_semaphore_admits_exactly_n(mechdir):
 
 
 def test_semaphore_waiter_wakes_on_any_slot(lockdir):
-    held = [hostlock.Lock("sem", slots=2, directory=lockdir).acquire() for _ in range(2)]
+    held = [hostlock.Lock("sem", slots=2, directory=lockdir).acquire() for _i in range(2)]
     waiter = spawn("""
         import sys, time, hostlock
         l = hostlock.Lock("sem", slots=2, directory=sys.argv[1])
