@@ -83,6 +83,7 @@ class Sshd:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         self.port = free_port()
         config = self.root / "sshd_config"
+        (self.root / "home").mkdir(mode=0o700, exist_ok=True)
         config.write_text(
             "\n".join(
                 [
@@ -98,6 +99,10 @@ class Sshd:
                     # the key files live under /tmp (world-writable): a throwaway test server only
                     "StrictModes no",
                     "Subsystem sftp internal-sftp",
+                    # An empty home for sessions: root's ~/.bashrc here runs `pyenv init`, whose rehash waits
+                    # up to a minute on a lock file that a session killed mid-login (the connection-break
+                    # test kills sessions) leaves behind; every later login would then hang.
+                    f"SetEnv HOME={self.root / 'home'}",
                     "MaxSessions 50",
                     "MaxStartups 50",
                     "LogLevel ERROR",

@@ -76,7 +76,11 @@ UsePAM no
 StrictModes no
 PrintMotd no
 Subsystem sftp internal-sftp
+# Sessions get an empty home: root's ~/.bashrc here runs `pyenv init`, whose rehash waits up to a minute
+# on a lock file that a session killed mid-login leaves behind (every later login would then hang).
+SetEnv HOME=$work/home
 CONFIG
+    mkdir -p "$work/home"
     # The inner shell sets up the namespace; sshd then daemonizes and keeps it alive until stop.
     # shellcheck disable=SC2016  # the script is single-quoted on purpose: the inner shell expands $1 and $2
     unshare --mount --propagation private -- /bin/sh -euc '
