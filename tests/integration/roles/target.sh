@@ -76,7 +76,7 @@ UsePAM no
 StrictModes no
 PrintMotd no
 Subsystem sftp internal-sftp
-# Sessions get an empty home: root's ~/.bashrc here runs `pyenv init`, whose rehash waits up to a minute
+# Sessions get an empty home: root's ~/.bashrc here runs pyenv init, whose rehash waits up to a minute
 # on a lock file that a session killed mid-login leaves behind (every later login would then hang).
 SetEnv HOME=$work/home
 CONFIG
