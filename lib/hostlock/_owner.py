@@ -102,13 +102,7 @@ def is_alive(pid: int, start: str | None, boot: str | None, host: str | None) ->
     if _HAS_PROC:
         stat = _read("/proc/%d/stat" % pid)
         if stat is None:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except OSError:
-                return None
-            return None  # exists but /proc hidden from us (hidepid)
+            return _signal_probe(pid)  # gone, or /proc hidden from us (hidepid)
         rest = stat[stat.rfind(")") + 2:].split()
         if rest and rest[0] in ("Z", "X"):
             return False  # a zombie holds no files and runs no code
@@ -117,14 +111,19 @@ def is_alive(pid: int, start: str | None, boot: str | None, host: str | None) ->
         return len(rest) > 19 and rest[19] == start
     current = start_time(pid)
     if current is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except OSError:
-            return None
-        return None
+        return _signal_probe(pid)
     return current == start if start is not None else None
+
+
+def _signal_probe(pid: int) -> bool | None:
+    """kill(pid, 0) when its start time cannot be read: False if gone, else None (exists, unprovable)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return None
+    return None
 
 
 class _Self:

@@ -94,13 +94,7 @@ class OfdFile:
         self.at_head = False  # the waiter ahead has reached the lock: we wait on the lock itself
 
     def lock(self, start: int, kind: int, wait: bool) -> bool:
-        try:
-            fcntl.fcntl(self.fd, F_OFD_SETLKW if wait else F_OFD_SETLK, _pack(kind, start))
-        except OSError as e:
-            if not wait and e.errno in CONTENTION:
-                return False
-            raise
-        return True
+        return _attempt(fcntl.fcntl, self.fd, F_OFD_SETLKW if wait else F_OFD_SETLK, _pack(kind, start), wait=wait)
 
     def unlock(self, start: int) -> None:
         fcntl.fcntl(self.fd, F_OFD_SETLK, _pack(UN, start))
@@ -153,13 +147,7 @@ class FlockFile(OfdFile):
 
     def lock(self, start: int, kind: int, wait: bool) -> bool:
         op = (fcntl.LOCK_SH if kind == RD else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
-        try:
-            fcntl.flock(self._fd(start), op)  # type: ignore[arg-type]
-        except OSError as e:
-            if not wait and e.errno in CONTENTION:
-                return False
-            raise
-        return True
+        return _attempt(fcntl.flock, self._fd(start), op, wait=wait)
 
     def unlock(self, start: int) -> None:
         fd = self.extra.get(start) if start != MAIN else self.fd
@@ -461,6 +449,17 @@ class KernelMechanism:
                     tickets.append(got[1] - QUEUE0)
                     spans += [(lo, got[1]), (got[1] + 1, hi)]
         return slots, entries, tickets
+
+
+def _attempt(call: object, *args: object, wait: bool) -> bool:
+    """One lock call: False on contention when not waiting, True when taken; any other error raises."""
+    try:
+        call(*args)  # type: ignore[operator]
+    except OSError as e:
+        if not wait and e.errno in CONTENTION:
+            return False
+        raise
+    return True
 
 
 def _may_barge(fd: int) -> bool:
