@@ -221,9 +221,9 @@ class Lock:
         return self._file
 
     def _acquire(self, deadline: float | None) -> object:
-        # Build our identity before any wait: a woken waiter must not spend its first moments
+        # Know our identity before any wait: a woken waiter must not spend its first moments
         # reading /proc (a fresh process has not computed it yet).
-        self._record_bytes(None)
+        self._refresh_prefix()
         if self._record is not None:
             return self._acquire_record(deadline)
         mech = _KERNEL[self.mechanism]
@@ -267,10 +267,13 @@ class Lock:
                 return held
             attempt += 1
 
-    def _record_bytes(self, slot: int | None, ticket: int | None = None) -> bytes:
+    def _refresh_prefix(self) -> None:
         if self._prefix_pid != _Self.get().pid:
             self._prefix = record_prefix(self.mode, self._extra)
             self._prefix_pid = _Self.pid
+
+    def _record_bytes(self, slot: int | None, ticket: int | None = None) -> bytes:
+        self._refresh_prefix()
         return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: object) -> None:
