@@ -15,8 +15,8 @@ import time
 from _weakref import ref
 
 from . import _kernel
-from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file
-from ._error import HostlockError, LockFileError, LockTimeout, MechanismError
+from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file, read_marker
+from ._error import HostlockError, LockTimeout, MechanismError
 from ._names import validate_name
 from ._owner import Holder, _Self, build_record, parse_record, record_prefix
 
@@ -335,20 +335,6 @@ def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel:
     return h
 
 
-def _read_mechanism(dirfd: int) -> str | None:
-    from ._directory import MARKER
-
-    try:
-        fd = os.open(MARKER, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC | os.O_NONBLOCK,
-                     dir_fd=dirfd)
-    except FileNotFoundError:
-        return None
-    try:
-        return os.read(fd, 64).decode("ascii", "replace").strip() or None
-    finally:
-        os.close(fd)
-
-
 def status(name: str, directory: str | None = None) -> LockStatus:
     """Holders and waiters of one lock, read without taking it; never creates anything."""
     validate_name(name)
@@ -357,7 +343,7 @@ def status(name: str, directory: str | None = None) -> LockStatus:
         return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
     dirfd = open_directory(directory)[0]
     try:
-        return _status(dirfd, directory, name, _read_mechanism(dirfd) or "none")
+        return _status(dirfd, directory, name, read_marker(dirfd, directory) or "none")
     finally:
         os.close(dirfd)
 
@@ -398,7 +384,7 @@ def list_locks(directory: str | None = None) -> list:
         return []
     dirfd = open_directory(directory)[0]
     try:
-        mechanism = _read_mechanism(dirfd) or "none"
+        mechanism = read_marker(dirfd, directory) or "none"
         names = set()
         for entry in os.listdir(dirfd):
             if mechanism == "record":
@@ -468,5 +454,3 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
 def _shared(dirfd: int) -> bool:
     return bool(os.fstat(dirfd).st_mode & 0o020)
 
-
-__all__ = ["Lock", "LockStatus", "status", "holders", "list_locks", "break_lock", "LockFileError"]

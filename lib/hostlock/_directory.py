@@ -163,6 +163,28 @@ def _file_error(what: str, path: str, e: OSError) -> Exception:
     return LockFileError("%s %s: %s" % (what, path, e.strerror), path=path, errno=e.errno)
 
 
+def read_marker(dirfd: int, directory: str) -> str | None:
+    """The directory's recorded mechanism, or None if nothing has locked there yet (never creates it)."""
+    try:
+        fd = os.open(MARKER, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+    return _read_marker(fd, directory) or None
+
+
+def _read_marker(fd: int, directory: str) -> str:
+    """Read and close an open marker file; it must be a regular file like every lock path."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LockFileError("%s is not a regular file: remove it" % os.path.join(directory, MARKER),
+                                path=os.path.join(directory, MARKER))
+        return os.read(fd, 64).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+
+
 def directory_mechanism(dirfd: int, directory: str, requested: str, probe: object) -> str:
     """The directory's one mechanism: every process on a directory must use the same one, or none excludes.
 
@@ -194,13 +216,7 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: objec
         return directory_mechanism(dirfd, directory, requested, probe)
     except OSError as e:
         raise _file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LockFileError("%s is not a regular file: remove it" % os.path.join(directory, MARKER),
-                                path=os.path.join(directory, MARKER))
-        recorded = os.read(fd, 64).decode("ascii", "replace").strip()
-    finally:
-        os.close(fd)
+    recorded = _read_marker(fd, directory)
     if recorded not in MECHANISMS:
         raise MechanismError("%s names an unknown mechanism %r: remove the file when no locks are held"
                              % (os.path.join(directory, MARKER), recorded), directory=directory)

@@ -29,14 +29,14 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
+# How this host and boot appear inside file-name ids (short, and free of the '~' separator).
+_BOOT_TAG = BOOT_ID.replace("-", "")[:8]
+_HOST_TAG = HOSTNAME[:40].replace("~", "_")
+
+
 def _identity() -> str:
     me = _Self.get()
-    return "%d~%s~%s~%s~%s" % (me.pid, me.start or "", (_boot8()), HOSTNAME[:40].replace("~", "_"),
-                               os.urandom(4).hex())
-
-
-def _boot8() -> str:
-    return BOOT_ID.replace("-", "")[:8]
+    return "%d~%s~%s~%s~%s" % (me.pid, me.start or "", _BOOT_TAG, _HOST_TAG, os.urandom(4).hex())
 
 
 def _id_alive(ident: str) -> bool | None:
@@ -48,9 +48,9 @@ def _id_alive(ident: str) -> bool | None:
         pid = int(parts[0])
     except ValueError:
         return None
-    if parts[3] and HOSTNAME and parts[3] != HOSTNAME[:40].replace("~", "_"):
+    if parts[3] and _HOST_TAG and parts[3] != _HOST_TAG:
         return None
-    if parts[2] and BOOT_ID and parts[2] != BOOT_ID.replace("-", "")[:8]:
+    if parts[2] and _BOOT_TAG and parts[2] != _BOOT_TAG:
         return False
     return is_alive(pid, parts[1] or None, None, None)
 
