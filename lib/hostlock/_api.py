@@ -453,4 +453,3 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
 
 def _shared(dirfd: int) -> bool:
     return bool(os.fstat(dirfd).st_mode & 0o020)
-
