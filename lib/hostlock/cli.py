@@ -29,7 +29,7 @@ commands:
   break NAME                 remove provably stale state (--force: end live holders too)
 
 'hostlock COMMAND --help' describes each command; docs/cli.md is the manual.
-Lock directory: --dir DIR, else $HOSTLOCK_DIR, else /run/lock/hostlock, else a per-user directory.
+Lock directory: --dir DIR, else $HOSTLOCK_DIR, else /run/hostlock, else a per-user directory.
 """
 
 _ADMIN = ("status", "list", "hold", "renew", "release", "break")

@@ -34,7 +34,7 @@ options:
   directory:
     description:
       - Lock directory on the control node. Every run that must exclude the others uses the same one.
-      - Defaults to the hostlock default (C($HOSTLOCK_DIR), else C(/run/lock/hostlock) when usable,
+      - Defaults to the hostlock default (C($HOSTLOCK_DIR), else C(/run/hostlock) when usable,
         else a per-user runtime directory).
     type: path
     env:

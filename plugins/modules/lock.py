@@ -81,7 +81,7 @@ options:
     default: false
   directory:
     description:
-      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/lock/hostlock)
+      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/hostlock)
         when usable, else a per-user runtime directory; the result says which was used.
       - Everyone who must exclude each other has to use the same directory.
     type: path
@@ -192,7 +192,7 @@ directory:
   description: The lock directory used on the host (compare it with C(hostlock status)).
   returned: always
   type: str
-  sample: /run/lock/hostlock
+  sample: /run/hostlock
 acquired:
   description:
     - Whether this task holds the lock now (V(false) in check mode, on release, or when skipped).

@@ -24,7 +24,7 @@ options:
     type: str
   directory:
     description:
-      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/lock/hostlock)
+      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/hostlock)
         when usable, else a per-user runtime directory; RV(directory) says which was used.
     type: path
 extends_documentation_fragment:
@@ -70,7 +70,7 @@ directory:
   description: The lock directory that was read.
   returned: always
   type: str
-  sample: /run/lock/hostlock
+  sample: /run/hostlock
 locks:
   description: One entry per lock, sorted by name.
   returned: always
@@ -103,7 +103,7 @@ locks:
       type: bool
   sample:
     - name: apt
-      path: /run/lock/hostlock/apt.lock
+      path: /run/hostlock/apt.lock
       mechanism: ofd
       slots: 1
       holders:

@@ -202,7 +202,7 @@ hostlock:
     directory:
       description: The lock directory on the host.
       type: str
-      sample: /run/lock/hostlock
+      sample: /run/hostlock
     free:
       description: In check mode, whether the lock would be granted now.
       type: bool

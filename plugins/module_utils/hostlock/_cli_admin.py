@@ -77,7 +77,7 @@ def _slots(text: str) -> int:
 
 def _add_dir(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--dir", metavar="DIR", help="lock directory (default: $HOSTLOCK_DIR, "
-                   "/run/lock/hostlock, or a per-user directory)")
+                   "/run/hostlock, or a per-user directory)")
 
 
 def _add_json(p: argparse.ArgumentParser) -> None:

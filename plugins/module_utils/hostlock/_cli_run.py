@@ -53,7 +53,7 @@ lock options:
   -w, --wait DURATION      wait at most DURATION (seconds, fractions allowed, or 250ms, 5m, 1h30m)
   -E, --conflict-exit-code CODE
                            exit code when the lock is busy or the wait times out (default 75)
-  -d, --dir DIR            lock directory (default: $HOSTLOCK_DIR, /run/lock/hostlock, per-user dir)
+  -d, --dir DIR            lock directory (default: $HOSTLOCK_DIR, /run/hostlock, per-user dir)
   --mechanism M            auto (default), ofd, flock or record
   --label TEXT             free text shown by 'hostlock status'
 job options:

@@ -16,7 +16,9 @@ import stat
 
 from ._error import LockDirectoryError, LockFileError, MechanismError
 
-SYSTEM_DIRECTORY = "/run/lock/hostlock"
+# Under /run (root's, mode 0755), not /run/lock (1777): there any user could mkdir the name first and
+# make every root job refuse it (a squatted default is a denial of service).
+SYSTEM_DIRECTORY = "/run/hostlock"
 MARKER = ".hostlock-mechanism"
 MECHANISMS = ("ofd", "flock", "record")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -26,25 +28,42 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # so a planted FIFO cannot block ope
 
 
 def default_directory() -> str:
-    """$HOSTLOCK_DIR, else the system directory if this user can lock there, else a per-user directory."""
+    """$HOSTLOCK_DIR, else the system directory if this user can lock there, else a per-user directory.
+
+    The per-user directory must be one only this user controls and the same in every session: a cron job
+    (no $XDG_RUNTIME_DIR) and a login shell of the same user must meet. So: ~/.local/state/hostlock when
+    the home directory (from the password database, not $HOME) is this user's and not writable by others;
+    else /tmp/hostlock-UID, refused with a clear error if another user created it first.
+    """
     env = os.environ.get("HOSTLOCK_DIR")
     if env:
         return env
     uid = os.geteuid()
     if uid == 0 or _usable(SYSTEM_DIRECTORY):
         return SYSTEM_DIRECTORY
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and _owned_by_me(runtime):
-        return os.path.join(runtime, "hostlock")
-    return "/tmp/hostlock-%d" % uid
+    return _home_directory(uid) or "/tmp/hostlock-%d" % uid
+
+
+def _home_directory(uid: int) -> str | None:
+    """~/.local/state/hostlock when this user's home (password database) is theirs alone, else None."""
+    try:
+        import pwd
+
+        home = pwd.getpwuid(uid).pw_dir
+    except (ImportError, KeyError):
+        return None
+    if not home or not _owned_by_me(home):
+        return None
+    return os.path.join(home, ".local", "state", "hostlock")
 
 
 def _owned_by_me(path: str) -> bool:
+    """A directory of this user's that nobody else can write to (so nobody else can plant names in it)."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def _usable(path: str) -> bool:
@@ -86,6 +105,12 @@ def open_directory(path: str) -> tuple[int, bool]:
     why = _distrust(st)
     if why:
         os.close(fd)
+        if st.st_uid not in (0, os.geteuid()):
+            # Typically a squatter: /tmp/hostlock-UID made by someone else before this user's first lock.
+            raise LockDirectoryError(
+                "refusing lock directory %s: %s, who could remove or plant lock files there (it may have been "
+                "created to deny you locks). Have root remove it, or set HOSTLOCK_DIR to a directory of yours"
+                % (path, why), directory=path)
         raise LockDirectoryError(
             "refusing lock directory %s: %s; another user could plant or remove lock files there. Use a "
             "directory owned by you or root, mode 0700, or 3770 with a group for sharing" % (path, why),
@@ -96,8 +121,10 @@ def open_directory(path: str) -> tuple[int, bool]:
 def _create(path: str) -> None:
     parent = os.path.dirname(path.rstrip("/")) or "/"
     if not os.path.isdir(parent):
-        raise LockDirectoryError("lock directory %s does not exist and neither does its parent %s: create "
-                                 "it, or set HOSTLOCK_DIR" % (path, parent), directory=path)
+        if path != _home_directory(os.geteuid()):
+            raise LockDirectoryError("lock directory %s does not exist and neither does its parent %s: create "
+                                     "it, or set HOSTLOCK_DIR" % (path, parent), directory=path)
+        _create_parents(path, parent)
     try:
         # Private by default; sharing with a group is an administrator's decision (the cli role).
         os.mkdir(path, 0o700 if os.geteuid() else 0o755)
@@ -107,6 +134,33 @@ def _create(path: str) -> None:
         raise LockDirectoryError("cannot create lock directory %s: %s. Create it (see docs/concepts.md) or "
                                  "set HOSTLOCK_DIR to a directory you own" % (path, e.strerror),
                                  directory=path, errno=e.errno) from None
+
+
+def _create_parents(path: str, parent: str) -> None:
+    """Create the per-user default's missing parents (0700) below a directory of ours only.
+
+    A fresh account has no ~/.local/state; the chain is created only below a directory this user owns
+    and nobody else can write to, so no path component is ever one another user made.
+    """
+    missing = []
+    top = parent
+    while not os.path.isdir(top):
+        missing.append(top)
+        up = os.path.dirname(top)
+        if up == top:
+            break
+        top = up
+    if not _owned_by_me(top):
+        raise LockDirectoryError("lock directory %s does not exist and neither does its parent %s: create "
+                                 "it, or set HOSTLOCK_DIR" % (path, parent), directory=path)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise LockDirectoryError("cannot create %s for lock directory %s: %s; set HOSTLOCK_DIR"
+                                     % (d, path, e.strerror), directory=path, errno=e.errno) from None
 
 
 def open_lock_file(dirfd: int, filename: str, directory: str, shared: bool, *, create: bool = True,
@@ -205,13 +259,16 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: objec
                 # Probe kernel locks on the marker file itself: no extra file left behind.
                 chosen = requested if requested != "auto" else probe(wfd)  # type: ignore[operator]
                 os.write(wfd, (chosen + "\n").encode())
-            finally:
                 os.close(wfd)
-            try:
-                os.link(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            except FileExistsError:
-                pass
+                wfd = -1
+                try:
+                    os.link(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+                except FileExistsError:
+                    pass
             finally:
+                # Whatever failed (a full disk fails the write), the temporary name never stays behind.
+                if wfd >= 0:
+                    os.close(wfd)
                 os.unlink(tmp, dir_fd=dirfd)
         except OSError as e:
             raise _file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None

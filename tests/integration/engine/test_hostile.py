@@ -125,6 +125,30 @@ print("FILES", sorted(n for n in os.listdir(sys.argv[1]) if "~t~" in n))' "$D/lo
     assert "FILES []" in out.stdout
 
 
+@needs_mounts
+def test_full_disk_on_a_fresh_directory_leaves_no_temporary_marker(tmp_path):
+    """The mechanism marker is written under a temporary name: a failed write must not leave that name."""
+    (tmp_path / "mnt").mkdir()
+    out = _in_mount_namespace("""
+        mount -t tmpfs -o size=64k,mode=0700 tmpfs "$D"
+        mkdir -m 0700 "$D/locks"
+        dd if=/dev/zero of="$D/fill" bs=4k 2>/dev/null || true
+        "$PY" -c 'import os, sys, hostlock
+try:
+    hostlock.Lock("x", directory=sys.argv[1]).acquire(timeout=0)
+    print("ACQUIRED")
+except hostlock.HostlockError as e:
+    print("ERR", type(e).__name__, e)
+print("LEFT", sorted(os.listdir(sys.argv[1])))' "$D/locks"
+        rm "$D/fill"
+        "$PY" -c 'import sys, hostlock
+hostlock.Lock("x", directory=sys.argv[1]).acquire(timeout=0).release(); print("AFTER ok")' "$D/locks"
+    """, tmp_path)
+    assert "ERR" in out.stdout and "no space" in out.stdout, out.stdout + out.stderr
+    assert "LEFT []" in out.stdout, out.stdout
+    assert "AFTER ok" in out.stdout, out.stdout + out.stderr
+
+
 @pytest.mark.skipif(not ROOT, reason="needs root to act as another user")
 def test_other_users_get_clear_errors_and_cannot_break_our_lock(tmp_path):
     import pathlib
