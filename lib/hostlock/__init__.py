@@ -48,6 +48,13 @@ def release(name: str, token: str, directory: str | None = None) -> None:
     _release(name, token, directory)
 
 
+def prune_unused(older_than: float, directory: str | None = None, dry_run: bool = False) -> list:
+    """Remove lock files nobody holds or waits for and nobody used for `older_than` seconds (hostlock._gc)."""
+    from ._gc import collect
+
+    return collect(directory or default_directory(), older_than, dry_run)
+
+
 def token_id(token: str) -> str:
     """The public id of a lease token (what status shows); TokenError if it is malformed."""
     from ._lease import token_id as _token_id
@@ -74,6 +81,7 @@ __all__ = [
     "holders",
     "list_locks",
     "parse_duration",
+    "prune_unused",
     "release",
     "renew",
     "status",

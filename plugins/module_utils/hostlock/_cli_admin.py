@@ -1,6 +1,6 @@
 # GENERATED from lib/hostlock/_cli_admin.py by `make module-utils`: do not edit; edit lib/hostlock instead.
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""`hostlock status|list|hold|renew|release|break`: the operator's and the scripts' view of the locks.
+"""`hostlock status|list|hold|renew|release|break|gc`: the operator's and the scripts' view of the locks.
 
 Not on the hot path, so argparse and json are fine here (imported only when these commands run).
 The JSON shapes are a stable interface, versioned by their "schema" key and documented in docs/cli.md.
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 STATUS_SCHEMA = "hostlock.status/1"
 LEASE_SCHEMA = "hostlock.lease/1"
 BREAK_SCHEMA = "hostlock.break/1"
+GC_SCHEMA = "hostlock.gc/1"
 
 _EPILOG = ("exit status: 0 ok; 64 usage; 65 lock error; 66 cannot open the lock directory or file; "
            "71 OS error; 73 read-only or full file system; 75 (or -E CODE) lock busy; "
@@ -125,6 +126,15 @@ def _build(command: str) -> argparse.ArgumentParser:
         if command == "renew":
             p.add_argument("--lease", type=_duration, metavar="DURATION",
                            help="new length from now (default: the lease's original length)")
+        _add_dir(p)
+        _add_json(p)
+    elif command == "gc":
+        p = _parser(command, "Remove the files of locks nobody holds or waits for and nobody has used for "
+                    "--older-than (default 7d), so 'list' shows what is in use. A name that is removed comes "
+                    "back on its next use. Never removes a held, waited-for, or recently used lock.")
+        p.add_argument("--older-than", type=_duration, default=7 * 86400.0, metavar="DURATION",
+                       help="unused for at least this long (default 7d)")
+        p.add_argument("-n", "--dry-run", action="store_true", help="only say what would be removed")
         _add_dir(p)
         _add_json(p)
     else:  # break
@@ -390,6 +400,24 @@ def cmd_break(ns: argparse.Namespace) -> int:
     return c.EX_TEMPFAIL if live else 0
 
 
+def cmd_gc(ns: argparse.Namespace) -> int:
+    """gc: one line per removed (or, --dry-run, removable) name; --json lists every file and why."""
+    from ._gc import collect
+
+    directory = _directory(ns)
+    entries = collect(directory, ns.older_than, ns.dry_run)
+    if ns.json:
+        _print_json({"schema": GC_SCHEMA, "directory": directory, "older_than": ns.older_than,
+                     "dry_run": ns.dry_run, "locks": entries})
+        return 0
+    pruned = [e for e in entries if e["action"] != "kept"]
+    out = "".join("%s %s (unused for %s)\n" % (e["action"], e["name"], c.format_span(e["idle"])) for e in pruned)
+    out += "%s: %d of %d lock file(s) %s\n" % (directory, len(pruned), len(entries),
+                                                "removable" if ns.dry_run else "removed")
+    c.write_out(out)
+    return 0
+
+
 _COMMANDS = {
     "status": cmd_status,
     "list": cmd_status,
@@ -397,4 +425,5 @@ _COMMANDS = {
     "renew": cmd_renew,
     "release": cmd_release,
     "break": cmd_break,
+    "gc": cmd_gc,
 }

@@ -3,7 +3,7 @@
 """The `hostlock` command: a better flock(1), with status, leases and a cron mode (manual: docs/cli.md).
 
 This module only dispatches: each subcommand lives in `_cli_run` (run, cron: hand-parsed, the hot path) or
-`_cli_admin` (status, list, hold, renew, release, break: argparse, imported only when used).
+`_cli_admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ commands:
   renew NAME TOKEN           extend a lease (--lease D)
   release NAME TOKEN         release a lease
   break NAME                 remove provably stale state (--force: end live holders too)
+  gc [--older-than D]        remove lock files unused for D (default 7d) that nobody holds or waits for
 
 'hostlock COMMAND --help' describes each command; docs/cli.md is the manual.
 Lock directory: --dir DIR, else $HOSTLOCK_DIR, else /run/hostlock, else a per-user directory.
 """
 
-_ADMIN = ("status", "list", "hold", "renew", "release", "break")
+_ADMIN = ("status", "list", "hold", "renew", "release", "break", "gc")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,7 +70,7 @@ def _fast_exit(code: int) -> None:
 
 def _dispatch(args: list[str]) -> int:
     if not args:
-        c.say("missing command: run, cron, status, list, hold, renew, release or break (see 'hostlock --help')")
+        c.say("missing command: run, cron, status, list, hold, renew, release, break or gc (see 'hostlock --help')")
         return c.EX_USAGE
     command, rest = args[0], args[1:]
     if command == "run":
@@ -95,5 +96,5 @@ def _dispatch(args: list[str]) -> int:
     if command.startswith("-"):
         return c.usage_error("unknown option %s: options follow the command, e.g. 'hostlock run -n NAME CMD'"
                              % command)
-    return c.usage_error("unknown command %r: use run, cron, status, list, hold, renew, release or break"
+    return c.usage_error("unknown command %r: use run, cron, status, list, hold, renew, release, break or gc"
                          % command)
