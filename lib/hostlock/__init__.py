@@ -11,6 +11,7 @@ from ._api import Lock, LockStatus, break_lock, holders, list_locks, status
 from ._directory import SYSTEM_DIRECTORY, default_directory
 from ._error import (
     HostlockError,
+    InvalidDuration,
     InvalidName,
     LockDirectoryError,
     LockFileError,
@@ -18,7 +19,7 @@ from ._error import (
     MechanismError,
     TokenError,
 )
-from ._names import parse_duration, validate_name
+from ._names import MAX_DURATION, parse_duration, validate_name
 from ._owner import Holder
 
 __version__ = "0.1.0"
@@ -63,9 +64,11 @@ def token_id(token: str) -> str:
 
 
 __all__ = [
+    "MAX_DURATION",
     "SYSTEM_DIRECTORY",
     "Holder",
     "HostlockError",
+    "InvalidDuration",
     "InvalidName",
     "Lock",
     "LockDirectoryError",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
 import math
 
-from ._error import InvalidName
+from ._error import InvalidDuration, InvalidName
 
 MAX_NAME_LENGTH = 100
 _FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
@@ -29,20 +30,52 @@ def validate_name(name: object) -> str:
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d"
 
+# The longest duration hostlock accepts anywhere (leases, timeouts, --kill-after): the longest single wait
+# every primitive we sleep in can honour in one call. poll()/epoll_wait() take an int of milliseconds
+# (2**31-1 ms, 24.8 days; Python raises OverflowError past it), the tightest limit; thread-lock waits
+# (threading.TIMEOUT_MAX, 292 years on Linux), sigtimedwait()'s timespec and time_t all reach further.
+# Node's setTimeout has the same ceiling. Longer needs are served by renewing a lease or waiting forever.
+MAX_DURATION: float = min((2**31 - 1) / 1000.0, _thread.TIMEOUT_MAX)
+_LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, MAX_DURATION / 86400)
 
-def parse_duration(text: object) -> float:
-    """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w."""
+
+def check_duration(value: object, what: str = "duration", *, positive: bool = False) -> float:
+    """`value` as float seconds if finite, >= 0 (> 0 if `positive`) and at most MAX_DURATION.
+
+    The one check behind parse_duration, hold()/renew() leases and Lock.acquire(timeout=): refusing what
+    the platform cannot honour beats accepting it and failing (or silently giving up) later.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidDuration("%s must be a number of seconds, not %r" % (what, value))
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too big for a float
+        seconds = math.inf
+    if math.isnan(seconds) or seconds < 0 or (positive and seconds == 0):
+        raise InvalidDuration("invalid %s %r: must be a number of seconds %s" % (what, value, "> 0" if positive
+                                                                                 else ">= 0"))
+    if seconds > MAX_DURATION:
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, value, _LIMIT_TEXT))
+    return seconds
+
+
+def parse_duration(text: object, what: str = "duration") -> float:
+    """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w.
+
+    Refuses NaN, infinities, negatives and anything over MAX_DURATION (InvalidDuration, a ValueError).
+    """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
-    elif isinstance(text, str) and text.strip():
-        try:
-            value = float(text.strip())
-        except ValueError:
-            value = _with_units(text)
-    else:
-        raise ValueError("invalid duration %r: %s" % (text, _DURATION_HELP))
-    if math.isnan(value) or value < 0 or math.isinf(value):
-        raise ValueError("invalid duration %r: must be a finite number of seconds >= 0" % (text,))
+        return check_duration(text, what)
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = _with_units(text)
+    if math.isnan(value) or value < 0:
+        raise InvalidDuration("invalid %s %r: must be a number of seconds >= 0" % (what, text))
+    if value > MAX_DURATION:
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _LIMIT_TEXT))
     return value
 
 
@@ -57,12 +90,12 @@ def _with_units(text: str) -> float:
             continue
         unit = "ms" if s.startswith("ms", i) else c
         if unit not in _UNITS or not number:
-            raise ValueError("invalid duration %r: %s" % (text, _DURATION_HELP))
+            raise InvalidDuration("invalid duration %r: %s" % (text, _DURATION_HELP))
         try:
             value += float(number) * _UNITS[unit]
         except ValueError:
-            raise ValueError("invalid duration %r: bad number %r" % (text, number)) from None
+            raise InvalidDuration("invalid duration %r: bad number %r" % (text, number)) from None
         number, i = "", i + len(unit)
     if number:
-        raise ValueError("invalid duration %r: number %r has no unit" % (text, number))
+        raise InvalidDuration("invalid duration %r: number %r has no unit" % (text, number))
     return value

@@ -13,6 +13,7 @@ from ._api import Lock, LockStatus, break_lock, holders, list_locks, status
 from ._directory import SYSTEM_DIRECTORY, default_directory
 from ._error import (
     HostlockError,
+    InvalidDuration,
     InvalidName,
     LockDirectoryError,
     LockFileError,
@@ -20,7 +21,7 @@ from ._error import (
     MechanismError,
     TokenError,
 )
-from ._names import parse_duration, validate_name
+from ._names import MAX_DURATION, parse_duration, validate_name
 from ._owner import Holder
 
 __version__ = "0.1.0"
@@ -65,9 +66,11 @@ def token_id(token: str) -> str:
 
 
 __all__ = [
+    "MAX_DURATION",
     "SYSTEM_DIRECTORY",
     "Holder",
     "HostlockError",
+    "InvalidDuration",
     "InvalidName",
     "Lock",
     "LockDirectoryError",

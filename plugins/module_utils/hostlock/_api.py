@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import _thread
 import errno
-import math
 import os
 import time
 from _weakref import ref
@@ -19,7 +18,7 @@ from _weakref import ref
 from . import _kernel
 from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file, read_marker
 from ._error import HostlockError, LockTimeout, MechanismError
-from ._names import validate_name
+from ._names import check_duration, validate_name
 from ._owner import Holder, _Self, build_record, parse_record, record_prefix
 
 MODES = ("exclusive", "shared")
@@ -103,9 +102,7 @@ class Lock:
     def acquire(self, timeout: float | None = None) -> Lock:
         """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread."""
         if timeout is not None:
-            timeout = float(timeout)
-            if math.isnan(timeout) or timeout < 0:
-                raise ValueError("timeout must be None or a number of seconds >= 0, not %r" % (timeout,))
+            timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
         me = _thread.get_ident()
         if self._held is not None and self._thread == me:
             self._count += 1

@@ -77,7 +77,7 @@ def error_exit_code(exc: BaseException) -> int:
     """Exit code of an engine or OS error; LockTimeout is handled by callers (it is -E CODE)."""
     from . import _error as e  # already imported by the package; a plain module lookup
 
-    if isinstance(exc, e.InvalidName):
+    if isinstance(exc, (e.InvalidName, e.InvalidDuration)):
         return EX_USAGE
     if isinstance(exc, e.TokenError):
         return EX_NOPERM

@@ -29,6 +29,10 @@ class InvalidName(HostlockError, ValueError):
     """A lock name outside the documented character set or length."""
 
 
+class InvalidDuration(HostlockError, ValueError):
+    """A duration (lease, timeout) that is not a number, negative, NaN, or longer than MAX_DURATION."""
+
+
 class LockDirectoryError(HostlockError):
     """The lock directory is missing, unwritable, or not trustworthy (owner, mode, symlink)."""
 

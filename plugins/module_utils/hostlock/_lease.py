@@ -12,13 +12,12 @@ may renew or release, and a holder signalled by another user is protected by kil
 from __future__ import annotations
 
 import errno
-import math
 import os
 import sys
 import time
 
 from ._error import HostlockError, LockTimeout, TokenError
-from ._names import validate_name
+from ._names import check_duration, validate_name
 
 _SOCKET_PREFIX = "\0hostlock-lease/"  # Linux abstract namespace: no file to clean up after a SIGKILL
 
@@ -44,9 +43,9 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     """Take `name` in a detached holder process for `lease` seconds; returns the token to release it."""
     from ._api import Lock
 
-    lease = float(lease)
-    if math.isnan(lease) or lease <= 0 or math.isinf(lease):
-        raise ValueError("lease must be a positive number of seconds, not %r" % (lease,))
+    lease = check_duration(lease, "lease", positive=True)
+    if timeout is not None:
+        timeout = check_duration(timeout, "timeout")  # refused here, not in the detached holder
     probe = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
     directory = probe.directory
     probe.close()
@@ -178,9 +177,10 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                     break
                 if words[0] == "renew":
                     try:
-                        more = float(words[3]) if len(words) > 3 else lease
-                    except ValueError:
-                        more = lease
+                        more = check_duration(float(words[3]), "lease", positive=True) if len(words) > 3 else lease
+                    except ValueError as e:
+                        conn.sendall(b"ERR %s\n" % str(e).encode())
+                        continue
                     deadline = time.monotonic() + more
                     expires = time.time() + more
                     lock.update_record(lease="%.3f" % expires)
@@ -245,9 +245,7 @@ def token_id(token: str) -> str:
 def renew(name: str, token: str, lease: float | None = None, directory: str | None = None) -> float:
     """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""
     if lease is not None:
-        lease = float(lease)
-        if math.isnan(lease) or lease <= 0 or math.isinf(lease):
-            raise ValueError("lease must be a positive number of seconds, not %r" % (lease,))
+        lease = check_duration(lease, "lease", positive=True)
     reply = _request(name, token, directory, "renew" + ("" if lease is None else " %r" % lease))
     return float(reply.split()[1])
 

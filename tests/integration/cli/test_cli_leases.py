@@ -130,3 +130,20 @@ def test_list_of_an_empty_directory(cli):
     r = cli.run("list")
     assert (r.returncode, r.stdout) == (0, f"directory: {cli.lockdir}\nno locks\n")
     assert cli.status() == {"schema": "hostlock.status/1", "directory": cli.lockdir, "locks": []}
+
+
+@pytest.mark.parametrize("value", ["1e10", "1e300", "inf", "nan", "25d", "-1"])
+def test_absurd_lease_is_a_usage_error_not_a_silent_lie(cli, value):
+    r = cli.run("hold", "huge", "--lease", value)
+    assert (r.returncode, r.stdout) == (64, ""), r
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    if value in ("1e10", "1e300", "25d"):
+        assert "at most 2147483.647 seconds" in r.stderr
+    assert cli.is_free("huge") and not cli.holders("huge")
+
+
+def test_renew_past_the_limit_is_a_usage_error_and_keeps_the_lease(cli, lease):
+    r = cli.run("renew", "deploy", lease, "--lease", "1e10")
+    assert r.returncode == 64 and r.stderr.count("\n") == 1 and "at most" in r.stderr
+    (h,) = cli.holders("deploy")
+    assert h["lease_expires"] < time.time() + 100

@@ -108,6 +108,24 @@ def test_break_ends_an_expired_or_forced_lease(lockdir):
 
 
 def test_bad_lease(lockdir):
-    for bad in (0, -1, float("inf")):
-        with pytest.raises(ValueError):
+    for bad in (0, -1, float("inf"), float("nan"), 1e10, hostlock.MAX_DURATION * 2, "60"):
+        with pytest.raises(hostlock.InvalidDuration):
             hostlock.hold("x", lease=bad, directory=lockdir)
+    with pytest.raises(hostlock.InvalidDuration):
+        hostlock.hold("x", lease=10, timeout=1e300, directory=lockdir)
+    assert hostlock.holders("x", lockdir) == []  # refused before any holder started
+
+
+def test_the_longest_lease_is_honoured_and_renew_past_it_is_refused(lockdir):
+    token = hostlock.hold("long", lease=hostlock.MAX_DURATION, directory=lockdir)
+    try:
+        (h,) = hostlock.holders("long", lockdir)
+        assert h.lease_expires > time.time() + hostlock.MAX_DURATION - 60
+        for bad in (1e10, float("inf"), float("nan"), 0):
+            with pytest.raises(hostlock.InvalidDuration):
+                hostlock.renew("long", token, lease=bad, directory=lockdir)
+        assert hostlock.renew("long", token, lease=hostlock.MAX_DURATION, directory=lockdir) > time.time()
+        with pytest.raises(hostlock.LockTimeout):
+            hostlock.Lock("long", directory=lockdir).acquire(timeout=0)
+    finally:
+        hostlock.release("long", token, lockdir)

@@ -35,3 +35,48 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         hostlock.parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["1e10", "1e300", "1e400", "-inf", "25d", "9" * 400 + "d", 2**31, 1e10, 2**1100])
+def test_durations_past_the_limit_are_refused_naming_it(text):
+    with pytest.raises(hostlock.InvalidDuration) as e:
+        hostlock.parse_duration(text)
+    assert isinstance(e.value, ValueError)
+    assert "%.3f seconds" % hostlock.MAX_DURATION in str(e.value) or "invalid" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_limit_is_what_every_wait_primitive_honours():
+    import _thread
+    import os
+    import select
+
+    assert hostlock.parse_duration(hostlock.MAX_DURATION) == hostlock.MAX_DURATION
+    assert hostlock.parse_duration("24d") == 24 * 86400
+    assert hostlock.MAX_DURATION <= _thread.TIMEOUT_MAX
+    r, w = os.pipe()
+    try:
+        os.write(w, b"x")  # readable at once: each call returns immediately, or raises if out of range
+        ep = select.epoll()
+        ep.register(r, select.EPOLLIN)
+        assert ep.poll(hostlock.MAX_DURATION)
+        p = select.poll()
+        p.register(r, select.POLLIN)
+        assert p.poll(hostlock.MAX_DURATION * 1000)
+        with pytest.raises(OverflowError):  # the next millisecond is what poll cannot take
+            ep.poll(hostlock.MAX_DURATION + 0.001)
+        ep.close()
+    finally:
+        os.close(r)
+        os.close(w)
+    lock = _thread.allocate_lock()
+    assert lock.acquire(True, hostlock.MAX_DURATION)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, 1e10, "5", True])
+def test_lock_acquire_timeout_is_checked_by_the_same_rule(lockdir, value):
+    lock = hostlock.Lock("t", directory=lockdir)
+    with pytest.raises(hostlock.InvalidDuration):
+        lock.acquire(timeout=value)
+    assert not lock.locked
+    lock.acquire(timeout=hostlock.MAX_DURATION).release()
