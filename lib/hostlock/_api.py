@@ -1,8 +1,8 @@
 """The policy layer: names, directories, timeouts, re-entrancy, threads, fork; mechanisms do the locking.
 
-A Lock owns one open lock file (kernel mechanisms) and at most one acquisition at a time. Timeouts,
-re-entrancy within a thread, exclusion between threads of one process and fork safety live here, once,
-for every mechanism.
+A Lock picks one locker (_lockers: kernel ranges or owner files) when it is made and holds at most one
+acquisition at a time. Timeouts, re-entrancy within a thread, exclusion between threads of one process and
+fork safety live here, once, for every mechanism.
 """
 
 from __future__ import annotations
@@ -16,11 +16,16 @@ from _weakref import ref
 from . import _kernel
 from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file, read_marker
 from ._error import HostlockError, LockTimeout, MechanismError
+from ._lockers import KERNEL as _KERNEL
+from ._lockers import locker
 from ._names import check_duration, validate_name
 from ._owner import Holder, _Self, build_record, parse_record, record_prefix
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from ._lockers import Held
+
 MODES = ("exclusive", "shared")
-_KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}
 _LIVE: dict = {}  # id -> weakref of every Lock, so a forked child can drop its copies
 
 
@@ -40,12 +45,6 @@ def _record_mechanism() -> object:
     from ._record import RecordMechanism  # only where kernel locks fail: keep it off the start-up path
 
     return RecordMechanism()
-
-
-def _backoff(attempt: int, deadline: float | None) -> bool:
-    from ._record import backoff_sleep
-
-    return backoff_sleep(attempt, deadline)
 
 
 def _track(lock: Lock) -> None:
@@ -77,9 +76,8 @@ class Lock:
         self._mutex = _thread.allocate_lock()
         self._thread: int | None = None
         self._count = 0
-        self._held: object = None
-        self._file: _kernel.OfdFile | None = None
-        dirfd, self._shared_dir = open_directory(self.directory)
+        self._held: Held | None = None
+        dirfd, shared_dir = open_directory(self.directory)
         try:
             self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, _kernel.probe)
             if self.mechanism == "ofd" and not _kernel.HAS_OFD:
@@ -87,8 +85,8 @@ class Lock:
                                      % self.directory, directory=self.directory)
         finally:
             os.close(dirfd)
-        self._record = _record_mechanism() if self.mechanism == "record" else None
-        self.path = os.path.join(self.directory, self.name + (".lock" if self._record is None else "~owner"))
+        self._locker = locker(self.mechanism, self.directory, self.name, slots, shared_dir)
+        self.path = self._locker.path
         _track(self)
 
     # -- public API ------------------------------------------------------------------------------------
@@ -128,14 +126,7 @@ class Lock:
             return
         held, self._held, self._thread = self._held, None, None
         try:
-            if self._record is not None:
-                dirfd = self._dirfd()
-                try:
-                    self._record.release(dirfd, held)  # type: ignore[arg-type]
-                finally:
-                    os.close(dirfd)
-            else:
-                _KERNEL[self.mechanism].release(held)  # type: ignore[arg-type]
+            self._locker.release(held)  # type: ignore[arg-type]
         finally:
             self._mutex.release()
 
@@ -154,9 +145,7 @@ class Lock:
         """Release if held and close the lock file; the object can be used again afterwards."""
         while self._held is not None:
             self.release()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        self._locker.close()
 
     def __enter__(self) -> Lock:
         return self.acquire()
@@ -169,8 +158,8 @@ class Lock:
             if getattr(self, "_held", None) is not None and self._count and self._thread is not None:
                 self._count = 1
                 self.release()
-            if getattr(self, "_file", None) is not None:
-                self._file.close()  # type: ignore[union-attr]
+            if getattr(self, "_locker", None) is not None:
+                self._locker.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser at interpreter exit
             pass
 
@@ -180,89 +169,18 @@ class Lock:
             self.mechanism, " held" if self.locked else "")
 
     # -- internals -------------------------------------------------------------------------------------
-    def _dirfd(self) -> int:
-        return open_directory(self.directory)[0]
-
     def _forget(self) -> None:
         """In a forked child: drop every descriptor without unlocking; the parent still holds the lock."""
         held = self._held
         self._held, self._thread, self._count = None, None, 0
         self._mutex = _thread.allocate_lock()
-        fds = []
-        if isinstance(held, _kernel.Held) and held.owned_file:
-            held.file.close()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._record is not None:
-            fds = [h.fd for h in self._record._pending.values()] + ([held.fd] if held is not None else [])  # type: ignore[attr-defined]
-            self._record = _record_mechanism()
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._locker.forget(held)  # type: ignore[arg-type]
 
-    def _open_file(self) -> _kernel.OfdFile:
-        if self._file is None:
-            dirfd = self._dirfd()
-            try:
-                fd = open_lock_file(dirfd, self.name + ".lock", self.directory, self._shared_dir)
-            finally:
-                os.close(dirfd)
-            try:
-                self._file = _KERNEL[self.mechanism].wrap(fd, self.path, self.slots)
-            except BaseException:
-                os.close(fd)
-                raise
-        return self._file
-
-    def _acquire(self, deadline: float | None) -> object:
+    def _acquire(self, deadline: float | None) -> Held | None:
         # Know our identity before any wait: a woken waiter must not spend its first moments
         # reading /proc (a fresh process has not computed it yet).
         self._refresh_prefix()
-        if self._record is not None:
-            return self._acquire_record(deadline)
-        mech = _KERNEL[self.mechanism]
-        while True:
-            f = self._open_file()
-            held = mech.try_acquire(f, self.mode, self.slots, self.fifo)
-            if held is None and (deadline is None or deadline > time.monotonic()):
-                held = mech.acquire(f, self.mode, self.slots, deadline, self.fifo)
-            if held is None:
-                return None
-            if os.fstat(held.file.fd).st_nlink == 0:
-                # Our file was unlinked (or replaced) while we waited: a lock on a dead inode excludes no
-                # one who opens the name now. Let go and start over on the current file.
-                mech.release(held)
-                self._file.close()  # type: ignore[union-attr]
-                self._file = None
-                continue
-            try:
-                self._write_record(held)
-            except BaseException:
-                mech.release(held)
-                raise
-            return held
-
-    def _acquire_record(self, deadline: float | None) -> object:
-        rec = self._record
-        attempt = 0
-        while True:
-            dirfd = self._dirfd()
-            try:
-                held = rec.try_acquire(dirfd, self.directory, self.name, self.mode, self.slots,  # type: ignore[union-attr]
-                                       self._record_bytes(None), self._shared_dir)
-                if held is None and not _backoff(attempt, deadline):
-                    rec.abandon(dirfd, self.name)  # type: ignore[union-attr]
-                    return None
-            finally:
-                os.close(dirfd)
-            if held is not None:
-                if held.slot is not None:
-                    self._write_record(held)
-                return held
-            attempt += 1
+        return self._locker.acquire(self.mode, self.fifo, deadline, self._record_bytes)  # type: ignore[arg-type]
 
     def _refresh_prefix(self) -> None:
         if self._prefix_pid != _Self.get().pid:
@@ -273,19 +191,13 @@ class Lock:
         self._refresh_prefix()
         return build_record(self._prefix, slot, ticket)
 
-    def _write_record(self, held: object) -> None:
-        data = self._record_bytes(getattr(held, "slot", None), getattr(held, "ticket", None))
-        if self._record is not None:
-            self._record.write_record(held, data)  # type: ignore[arg-type]
-        else:
-            _KERNEL[self.mechanism].write_record(held, data)  # type: ignore[arg-type]
+    def _write_record(self, held: Held) -> None:
+        self._locker.write_record(held, self._record_bytes(held.slot, getattr(held, "ticket", None)))  # type: ignore[arg-type]
 
     def _own_record(self) -> dict | None:
         if self._held is None:
             return None
-        if self._record is not None:
-            return parse_record(self._record.read_record(self._held))  # type: ignore[arg-type]
-        return parse_record(_KERNEL[self.mechanism].read_record(self._held))  # type: ignore[arg-type]
+        return parse_record(self._locker.read_record(self._held))  # type: ignore[arg-type]
 
     def _timeout(self, timeout: float | None) -> LockTimeout:
         try:

@@ -80,18 +80,46 @@ _MAIN_LOCK = {WR: _pack(WR, MAIN), RD: _pack(RD, MAIN)}
 _MAIN_UNLOCK = _pack(UN, MAIN)
 
 
-class OfdFile:
-    """One open file description of a lock file; its locks are its own, not the process's."""
+class LockFile:
+    """One open lock file and its byte ranges, as KernelMechanism uses them; each subclass is one kernel API."""
 
     __slots__ = ("fd", "path", "ticket", "at_head")
-    fair = True
-    unrolled = True  # the hot path may call OFD fcntl directly
+    fair = False  # ranges can be tested without taking them, so waiters can queue in FIFO order
+    unrolled = False  # the hot path may call OFD fcntl directly
 
     def __init__(self, fd: int, path: str) -> None:
         self.fd = fd
         self.path = path
         self.ticket: int | None = None  # our place in line while waiting
         self.at_head = False  # the waiter ahead has reached the lock: we wait on the lock itself
+
+    def lock(self, start: int, kind: int, wait: bool) -> bool:
+        """Take range `start` as RD or WR: True when taken; False on contention when not waiting."""
+        raise NotImplementedError
+
+    def unlock(self, start: int) -> None:
+        """Range `start` is no longer held through this file when this returns."""
+        raise NotImplementedError
+
+    def conflict(self, start: int, kind: int, length: int = 1) -> tuple[int, int] | None:
+        """(type, start) of a lock held by anyone else that would block `kind` on the range, or None."""
+        raise NotImplementedError
+
+    def reopen(self) -> LockFile:
+        """Another open file of the same lock, whose locks exclude this one's (for a helper thread)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Closing drops every range still held through this file (that is what makes locks die with us)."""
+        raise NotImplementedError
+
+
+class OfdFile(LockFile):
+    """One open file description of a lock file; its locks are its own, not the process's."""
+
+    __slots__ = ()
+    fair = True
+    unrolled = True
 
     def lock(self, start: int, kind: int, wait: bool) -> bool:
         return _attempt(fcntl.fcntl, self.fd, F_OFD_SETLKW if wait else F_OFD_SETLK, _pack(kind, start), wait=wait)
@@ -112,7 +140,7 @@ class OfdFile:
         os.close(self.fd)
 
 
-class FlockFile(OfdFile):
+class FlockFile(LockFile):
     """flock() stand-in for platforms without OFD locks: each range becomes its own small file.
 
     flock() cannot test a lock without taking it, so `conflict` probes with a non-blocking lock on a
@@ -120,8 +148,6 @@ class FlockFile(OfdFile):
     """
 
     __slots__ = ("extra",)
-    fair = False
-    unrolled = False
 
     def __init__(self, fd: int, path: str) -> None:
         super().__init__(fd, path)
@@ -182,7 +208,7 @@ class Held:
 
     __slots__ = ("file", "start", "index", "slot", "rec", "owned_file", "ticket")
 
-    def __init__(self, file: OfdFile, start: int, index: int, slot: int | None, rec: int | None,
+    def __init__(self, file: LockFile, start: int, index: int, slot: int | None, rec: int | None,
                  owned_file: bool) -> None:
         self.file = file
         self.start = start      # MAIN or SLOT0+k
@@ -200,7 +226,7 @@ class KernelMechanism:
         self.name = name
         self.file_class = file_class
 
-    def wrap(self, fd: int, path: str, slots: int) -> OfdFile:
+    def wrap(self, fd: int, path: str, slots: int) -> LockFile:
         f = self.file_class(fd, path)
         head = os.pread(fd, HEADER_SIZE, 0)
         if not head.startswith(b"HOSTLOCK "):
@@ -221,7 +247,7 @@ class KernelMechanism:
         return f
 
     # -- acquiring ---------------------------------------------------------------------------------
-    def try_acquire(self, f: OfdFile, mode: str, slots: int, fifo: bool = True) -> Held | None:
+    def try_acquire(self, f: LockFile, mode: str, slots: int, fifo: bool = True) -> Held | None:
         if f.unrolled and slots == 1 and mode == "exclusive":
             # The hot path, unrolled: ~3 syscalls. Waiters queue on QUEUE ranges: if any are queued, a
             # newcomer does not barge in ahead of them (unless fifo=False and the first waiter is new).
@@ -239,7 +265,7 @@ class KernelMechanism:
             return None
         return self._take(f, mode, slots, wait=False, owned=False)
 
-    def acquire(self, f: OfdFile, mode: str, slots: int, deadline: float | None, fifo: bool = True) -> Held | None:
+    def acquire(self, f: LockFile, mode: str, slots: int, deadline: float | None, fifo: bool = True) -> Held | None:
         """Wait in line; None when the deadline passes. The fast path has already failed."""
         if deadline is None:
             return self._queued(f, mode, slots, owned=False, fifo=fifo)
@@ -260,7 +286,7 @@ class KernelMechanism:
             return None
         return got  # type: ignore[return-value]
 
-    def _queued_and_close_on_error(self, f: OfdFile, mode: str, slots: int, race: Race, fifo: bool) -> Held | None:
+    def _queued_and_close_on_error(self, f: LockFile, mode: str, slots: int, race: Race, fifo: bool) -> Held | None:
         try:
             held = self._queued(f, mode, slots, owned=True, race=race, fifo=fifo)
         except BaseException:
@@ -270,7 +296,7 @@ class KernelMechanism:
             f.close()  # gave up, or a semaphore slot was won on another description
         return held
 
-    def _queued(self, f: OfdFile, mode: str, slots: int, owned: bool, race: Race | None = None,
+    def _queued(self, f: LockFile, mode: str, slots: int, owned: bool, race: Race | None = None,
                 fifo: bool = True) -> Held | None:
         if not f.fair:
             return self._take(f, mode, slots, wait=True, owned=owned)
@@ -332,7 +358,7 @@ class KernelMechanism:
             f.ticket = None
             f.at_head = False
 
-    def _take(self, f: OfdFile, mode: str, slots: int, wait: bool, owned: bool) -> Held | None:
+    def _take(self, f: LockFile, mode: str, slots: int, wait: bool, owned: bool) -> Held | None:
         if slots == 1:
             kind = RD if mode == "shared" else WR
             if not f.lock(MAIN, kind, wait):
@@ -354,7 +380,7 @@ class KernelMechanism:
             return None
         return self._any_slot(f, slots)
 
-    def _any_slot(self, f: OfdFile, slots: int) -> Held:
+    def _any_slot(self, f: LockFile, slots: int) -> Held:
         """Sleep until any of the slots frees: one kernel wait per slot, each on its own description."""
         race = Race(undo=self.release)
         # Open every description here, before any thread runs: a thread that started late could
@@ -401,7 +427,7 @@ class KernelMechanism:
             f.close()
 
     # -- inspecting ----------------------------------------------------------------------------------
-    def inspect(self, f: OfdFile) -> tuple[int, list, list]:
+    def inspect(self, f: LockFile) -> tuple[int, list, list]:
         """(slots, [(record bytes or None, mode, slot)], queue tickets held) read without taking anything.
 
         Tickets are held by waiters, and by an exclusive holder that came through the queue (its record
@@ -468,7 +494,7 @@ def _may_barge(fd: int) -> bool:
     return not since or time.monotonic_ns() - since < BARGE_WINDOW_NS
 
 
-def _spin(f: OfdFile, start: int) -> bool:
+def _spin(f: LockFile, start: int) -> bool:
     """Try a read lock on `start` for up to SPIN_SECONDS without sleeping in the kernel; True if taken.
 
     nginx's ngx_shmtx does the same: a brief spin catches a release that is about to happen, and yielding

@@ -208,5 +208,5 @@ def test_lock_descriptors_are_close_on_exec(lockdir):
     import fcntl
 
     a = hostlock.Lock("cx", directory=lockdir).acquire()
-    assert fcntl.fcntl(a._file.fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    assert fcntl.fcntl(a._locker.file.fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
     a.release()

@@ -1,0 +1,167 @@
+"""The one interface between a Lock (policy, in _api) and a mechanism (kernel ranges, or owner files).
+
+A Lock picks its locker once, in its constructor, from the directory's recorded mechanism; from then on it
+never asks which mechanism it has. Each locker implements only the mechanism's steps, each with what must
+hold afterwards; timeouts, re-entrancy, threads and fork policy stay in _api.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from . import _kernel
+from ._directory import open_directory, open_lock_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable, Optional, Union
+
+    from ._record import RecordHeld, RecordMechanism
+
+    Held = Union[_kernel.Held, RecordHeld]
+    Builder = Callable[[Optional[int], Optional[int]], bytes]  # (slot, ticket) -> the owner record
+
+KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}
+
+
+class KernelLocker:
+    """OFD or flock() ranges in NAME.lock; one open file description per Lock, opened on first use."""
+
+    suffix = ".lock"
+
+    def __init__(self, mechanism: str, directory: str, name: str, slots: int, shared_dir: bool) -> None:
+        self.mech = KERNEL[mechanism]
+        self.directory, self.name, self.slots, self.shared_dir = directory, name, slots, shared_dir
+        self.path = os.path.join(directory, name + self.suffix)
+        self.file: _kernel.LockFile | None = None
+
+    def _open(self) -> _kernel.LockFile:
+        if self.file is None:
+            dirfd = open_directory(self.directory)[0]
+            try:
+                fd = open_lock_file(dirfd, self.name + self.suffix, self.directory, self.shared_dir)
+            finally:
+                os.close(dirfd)
+            try:
+                self.file = self.mech.wrap(fd, self.path, self.slots)
+            except BaseException:
+                os.close(fd)
+                raise
+        return self.file
+
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> _kernel.Held | None:
+        """Held, with our owner record written, or None once the deadline has passed."""
+        mech = self.mech
+        while True:
+            f = self._open()
+            held = mech.try_acquire(f, mode, self.slots, fifo)
+            if held is None and (deadline is None or deadline > time.monotonic()):
+                held = mech.acquire(f, mode, self.slots, deadline, fifo)
+            if held is None:
+                return None
+            if os.fstat(held.file.fd).st_nlink == 0:
+                # Our file was unlinked (hostlock gc, or a person) while we waited: a lock on a dead inode
+                # excludes no one who opens the name now. Let go and start over on the current file.
+                mech.release(held)
+                self.close()
+                continue
+            try:
+                self.write_record(held, record(held.slot, held.ticket))
+            except BaseException:
+                mech.release(held)
+                raise
+            return held
+
+    def release(self, held: _kernel.Held) -> None:
+        """The ranges are free (and our record blanked) when this returns."""
+        self.mech.release(held)
+
+    def write_record(self, held: _kernel.Held, data: bytes) -> None:
+        self.mech.write_record(held, data)
+
+    def read_record(self, held: _kernel.Held) -> bytes:
+        return self.mech.read_record(held)
+
+    def forget(self, held: _kernel.Held | None) -> None:
+        """In a forked child: close every descriptor without unlocking (the parent still holds)."""
+        if held is not None and held.owned_file:
+            held.file.close()
+        self.close()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+class RecordLocker:
+    """Owner files alone (NAME~owner, NAME~s<k>, NAME~r~<id>), where the filesystem refuses kernel locks."""
+
+    suffix = "~owner"
+
+    def __init__(self, directory: str, name: str, slots: int, shared_dir: bool) -> None:
+        from ._record import RecordMechanism  # only where kernel locks fail: off the start-up path
+
+        self.mech: RecordMechanism = RecordMechanism()
+        self.directory, self.name, self.slots, self.shared_dir = directory, name, slots, shared_dir
+        self.path = os.path.join(directory, name + self.suffix)
+
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> RecordHeld | None:
+        """Held (the owner file published whole, with our record), or None once the deadline has passed.
+
+        Without kernel locks nothing can wake a waiter: it polls with backoff; `fifo` cannot be honoured.
+        """
+        from ._record import backoff_sleep
+
+        attempt = 0
+        while True:
+            dirfd = open_directory(self.directory)[0]
+            try:
+                held = self.mech.try_acquire(dirfd, self.directory, self.name, mode, self.slots, record(None, None),
+                                             self.shared_dir)
+                if held is None and not backoff_sleep(attempt, deadline):
+                    self.mech.abandon(dirfd, self.name)
+                    return None
+            finally:
+                os.close(dirfd)
+            if held is not None:
+                if held.slot is not None:
+                    self.write_record(held, record(held.slot, None))
+                return held
+            attempt += 1
+
+    def release(self, held: RecordHeld) -> None:
+        dirfd = open_directory(self.directory)[0]
+        try:
+            self.mech.release(dirfd, held)
+        finally:
+            os.close(dirfd)
+
+    def write_record(self, held: RecordHeld, data: bytes) -> None:
+        self.mech.write_record(held, data)
+
+    def read_record(self, held: RecordHeld) -> bytes:
+        return self.mech.read_record(held)
+
+    def forget(self, held: RecordHeld | None) -> None:
+        fds = [h.fd for h in self.mech._pending.values()] + ([held.fd] if held is not None else [])
+        from ._record import RecordMechanism
+
+        self.mech = RecordMechanism()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        pass
+
+
+def locker(mechanism: str, directory: str, name: str, slots: int, shared_dir: bool) -> KernelLocker | RecordLocker:
+    """The locker for a directory's mechanism: chosen once per Lock."""
+    if mechanism == "record":
+        return RecordLocker(directory, name, slots, shared_dir)
+    return KernelLocker(mechanism, directory, name, slots, shared_dir)
+
