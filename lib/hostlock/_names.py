@@ -39,8 +39,9 @@ MAX_DURATION: float = min((2**31 - 1) / 1000.0, _thread.TIMEOUT_MAX)
 _LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, MAX_DURATION / 86400)
 
 
-def check_duration(value: object, what: str = "duration", *, positive: bool = False) -> float:
-    """`value` as float seconds if finite, >= 0 (> 0 if `positive`) and at most MAX_DURATION.
+def check_duration(value: object, what: str = "duration", *, positive: bool = False,
+                   limit: float = MAX_DURATION) -> float:
+    """`value` as float seconds if finite, >= 0 (> 0 if `positive`) and at most `limit` (MAX_DURATION).
 
     The one check behind parse_duration, hold()/renew() leases and Lock.acquire(timeout=): refusing what
     the platform cannot honour beats accepting it and failing (or silently giving up) later.
@@ -54,18 +55,23 @@ def check_duration(value: object, what: str = "duration", *, positive: bool = Fa
     if math.isnan(seconds) or seconds < 0 or (positive and seconds == 0):
         raise InvalidDuration("invalid %s %r: must be a number of seconds %s" % (what, value, "> 0" if positive
                                                                                  else ">= 0"))
-    if seconds > MAX_DURATION:
-        raise InvalidDuration("%s %r is too long: at most %s" % (what, value, _LIMIT_TEXT))
+    if seconds > limit:
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, value, _limit_text(limit)))
     return seconds
 
 
-def parse_duration(text: object, what: str = "duration") -> float:
+def _limit_text(limit: float) -> str:
+    return _LIMIT_TEXT if limit == MAX_DURATION else "%.0f days" % (limit / 86400)
+
+
+def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_DURATION) -> float:
     """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w.
 
-    Refuses NaN, infinities, negatives and anything over MAX_DURATION (InvalidDuration, a ValueError).
+    Refuses NaN, infinities, negatives and anything over `limit` (InvalidDuration, a ValueError). The
+    default limit is what every wait can honour; an age (gc's --older-than) is no wait and may be longer.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return check_duration(text, what)
+        return check_duration(text, what, limit=limit)
     if not isinstance(text, str) or not text.strip():
         raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
     try:
@@ -74,8 +80,8 @@ def parse_duration(text: object, what: str = "duration") -> float:
         value = _with_units(text)
     if math.isnan(value) or value < 0:
         raise InvalidDuration("invalid %s %r: must be a number of seconds >= 0" % (what, text))
-    if value > MAX_DURATION:
-        raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _LIMIT_TEXT))
+    if value > limit:
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
     return value
 
 

@@ -62,6 +62,14 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _age(text: str) -> float:
+    """An age, not a wait: may exceed the longest wait (MAX_DURATION), up to ten years."""
+    try:
+        return parse_duration(text, "age", limit=3650 * 86400.0)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _exit_code(text: str) -> int:
     try:
         return c.exit_code_arg(text, "-E")
@@ -132,7 +140,7 @@ def _build(command: str) -> argparse.ArgumentParser:
         p = _parser(command, "Remove the files of locks nobody holds or waits for and nobody has used for "
                     "--older-than (default 7d), so 'list' shows what is in use. A name that is removed comes "
                     "back on its next use. Never removes a held, waited-for, or recently used lock.")
-        p.add_argument("--older-than", type=_duration, default=7 * 86400.0, metavar="DURATION",
+        p.add_argument("--older-than", type=_age, default=7 * 86400.0, metavar="DURATION",
                        help="unused for at least this long (default 7d)")
         p.add_argument("-n", "--dry-run", action="store_true", help="only say what would be removed")
         _add_dir(p)

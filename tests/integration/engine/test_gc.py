@@ -122,6 +122,7 @@ def test_cli_gc_dry_run_json_and_bad_input(tmp_path):
     _age(os.path.join(d, "old.lock"), 10 * DAY)
     dry = _cli("gc", "--dry-run", "-d", d)
     assert dry.returncode == 0 and "would remove old (unused for 10d" in dry.stdout, dry.stdout + dry.stderr
+    assert "would remove" not in _cli("gc", "--dry-run", "--older-than", "90d", "-d", d).stdout  # > 24.8 days
     doc = json.loads(_cli("gc", "--json", "--older-than", "7d", "-d", d).stdout)
     assert doc["schema"] == "hostlock.gc/1" and doc["dry_run"] is False
     assert {e["name"]: e["action"] for e in doc["locks"]} == {"old": "removed"}
