@@ -1,0 +1,347 @@
+"""`hostlock flock` side by side with util-linux flock(1): the same command line, exit codes, streams and
+kernel lock, so each excludes the other and `alias flock='hostlock flock'` keeps a correct script working.
+
+Every case in CASES and CONFLICTS runs with both tools; docs/cli.md's flock table is generated from these
+lists by tools/flock_table.py (test_docs_table_is_current keeps it from drifting). Synchronisation is by
+events: a holder prints a line once it holds the lock and holds it until its stdin is closed.
+"""
+
+import errno
+import fcntl
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import pid_alive, wait_until
+
+ROOT = Path(__file__).resolve().parents[3]
+FLOCK = shutil.which("flock")
+pytestmark = pytest.mark.skipif(FLOCK is None, reason="util-linux flock(1) is not installed")
+
+TOOLS = ("flock", "hostlock")
+
+# (id, arguments, expected exit code, output streams used: "" / "out" / "err" / "out+err", what it shows).
+# FILE is a fresh lock file, DIR a directory, BADDIR a path whose directory does not exist.
+CASES = [
+    ("no-arguments", [], 64, "err", "usage error"),
+    ("file-alone", ["FILE"], 64, "err", "a lone operand must be a descriptor number"),
+    ("fd-not-open", ["99"], 65, "err", "flock(2) on a closed descriptor"),
+    ("fd-not-a-number", ["abc"], 64, "err", "bad file descriptor"),
+    ("no-fork-and-close", ["-o", "-F", "FILE", "true"], 64, "err", "-o with -F"),
+    ("c-without-command", ["FILE", "-c"], 64, "err", "-c needs one argument"),
+    ("c-with-two-words", ["FILE", "-c", "true", "extra"], 64, "err", "-c takes exactly one"),
+    ("c-before-file", ["-c", "true", "FILE"], 64, "err", "-c is only recognised after the file"),
+    ("unknown-option", ["--bogus", "FILE", "true"], 64, "err", "unknown long option"),
+    ("question-mark", ["-?"], 64, "err", "-? is a usage error"),
+    ("ambiguous-abbreviation", ["--ver", "FILE", "true"], 64, "err", "--verbose or --version"),
+    ("bad-wait", ["-w", "abc", "FILE", "true"], 64, "err", "invalid timeout"),
+    ("negative-wait", ["-w", "-1", "FILE", "true"], 71, "err", "cannot set up timer"),
+    ("bad-conflict-code", ["-E", "abc", "FILE", "true"], 64, "err", "invalid exit code"),
+    ("conflict-code-range", ["-E", "256", "FILE", "true"], 64, "err", "exit code out of range"),
+    ("help", ["-h"], 0, "out", "usage on stdout"),
+    ("version", ["-V"], 0, "out", "version on stdout"),
+    ("cannot-open", ["BADDIR/lock", "true"], 66, "err", "cannot open lock file"),
+    ("cannot-execute", ["FILE", "BADDIR/cmd"], 69, "err", "failed to execute"),
+    ("command-status", ["FILE", "sh", "-c", "exit 7"], 7, "", "the command's exit status"),
+    ("command-signal", ["FILE", "sh", "-c", "kill -TERM $$"], 143, "", "128+N for signal N"),
+    ("shell-command", ["FILE", "-c", "exit 3"], 3, "", "-c through $SHELL"),
+    ("long-command", ["FILE", "--command", "echo hi"], 0, "out", "--command spelling"),
+    ("directory", ["DIR", "true"], 0, "", "a directory is opened read-only and locked"),
+    ("shared", ["-s", "FILE", "true"], 0, "", "shared lock"),
+    ("exclusive-e", ["-e", "FILE", "true"], 0, "", "-e is -x"),
+    ("unlock-file", ["-u", "FILE", "true"], 0, "", "-u on a file: nothing to unlock, runs the command"),
+    ("nonblocking-free", ["--nb", "FILE", "true"], 0, "", "--nb on a free lock"),
+    ("wait-free", ["--timeout", "1.5", "FILE", "true"], 0, "", "--timeout is a wait, fractions allowed"),
+    ("verbose", ["--verbose", "FILE", "true"], 0, "out", "--verbose chatter goes to stdout"),
+    ("dash-dash", ["--", "FILE", "true"], 0, "", "'--' ends the options"),
+]
+
+# (id, holder's options, contender's options, contender's expected exit code, streams of the contender).
+CONFLICTS = [
+    ("nonblock", ["-x"], ["-n"], 1, "", "exit 1 on conflict, silently"),
+    ("nonblock-E", ["-x"], ["-n", "-E", "42"], 42, "", "-E sets the conflict code"),
+    ("wait-expires", ["-x"], ["-w", "0.3"], 1, "", "-w: a wait that expires is a conflict"),
+    ("wait-zero", ["-x"], ["-w", "0"], 1, "", "-w 0 is -n"),
+    ("verbose-conflict", ["-x"], ["-n", "--verbose"], 1, "err", "--verbose: 'failed to get lock' on stderr"),
+    ("shared-shared", ["-s"], ["-s", "-n"], 0, "", "shared locks coexist"),
+    ("shared-exclusive", ["-s"], ["-n"], 1, "", "shared excludes exclusive"),
+    ("exclusive-shared", ["-x"], ["-s", "-n"], 1, "", "exclusive excludes shared"),
+]
+
+
+def _streams(r) -> str:
+    return "+".join(s for s, text in (("out", r.stdout), ("err", r.stderr)) if text)
+
+
+class Side:
+    """Runs flock(1) or `hostlock flock` with the same words."""
+
+    def __init__(self, tool: str, launcher: Path, tmp: Path):
+        self.tool = tool
+        self.base = [FLOCK] if tool == "flock" else [str(launcher), "flock"]
+        self.tmp = tmp
+        self.env = dict(os.environ, SHELL="/bin/sh")
+        self.env.pop("PYTHONPATH", None)
+
+    def words(self, args):
+        sub = {"FILE": str(self.tmp / "lock"), "DIR": str(self.tmp), "BADDIR": str(self.tmp / "missing")}
+        out = []
+        for a in args:
+            for k, v in sub.items():
+                if a == k or a.startswith(k + "/"):
+                    a = v + a[len(k):]
+                    break
+            out.append(a)
+        return self.base + out
+
+    def run(self, args, **kw):
+        return subprocess.run(self.words(args), capture_output=True, text=True, timeout=60, check=False,
+                              env=self.env, **kw)
+
+    def hold(self, options, path=None, procs=None):
+        """Hold the lock until the returned process's stdin closes; returns once it is held."""
+        argv = self.words(options) + [str(path or self.tmp / "lock"), "sh", "-c", "echo held; exec cat >/dev/null"]
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=self.env)
+        if procs is not None:
+            procs.append(p)
+        assert p.stdout.readline() == "held\n"
+        return p
+
+
+@pytest.fixture
+def procs():
+    started = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_same_exit_code_and_streams(case, launcher, tmp_path):
+    """flock(1) and hostlock flock agree on the exit code and on which streams they write to."""
+    _id, args, code, streams, _what = case
+    for tool in TOOLS:
+        side = Side(tool, launcher, tmp_path)
+        r = side.run(args)
+        assert (r.returncode, _streams(r)) == (code, streams), (tool, r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("holder", TOOLS)
+@pytest.mark.parametrize("contender", TOOLS)
+@pytest.mark.parametrize("case", CONFLICTS, ids=[c[0] for c in CONFLICTS])
+def test_conflicts_both_directions(case, holder, contender, launcher, tmp_path, procs):
+    """Each tool excludes (or shares with) the other exactly as flock(1) does with itself."""
+    _id, hold_opts, opts, code, streams, _what = case
+    h = Side(holder, launcher, tmp_path).hold(hold_opts, procs=procs)
+    r = Side(contender, launcher, tmp_path).run(opts + ["FILE", "true"])
+    assert (r.returncode, _streams(r)) == (code, streams), r.stderr
+    h.stdin.close()
+    assert h.wait(timeout=30) == 0
+    # and once the holder is gone, the lock is free for the other tool
+    assert Side(contender, launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0
+
+
+def _bash(script: str, launcher: Path, tool: str, tmp: Path, **kw):
+    """Run a bash script in which `flock` is the tool under test (an alias, as users would set it)."""
+    alias = "" if tool == "flock" else "shopt -s expand_aliases\nalias flock=%s\n" % repr(f"{launcher} flock")
+    return subprocess.Popen(["bash", "-c", alias + script], cwd=tmp, text=True, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_fd_form_in_a_subshell(tool, launcher, tmp_path, procs):
+    """`( flock -n 9 || exit 1; ... ) 9>f`: the shell's descriptor holds the lock; a second copy exits 1."""
+    script = '( flock -n 9 || exit 1; echo held; cat >/dev/null ) 9>lock'
+    first = _bash(script, launcher, tool, tmp_path)
+    procs.append(first)
+    assert first.stdout.readline() == "held\n"
+    for other in TOOLS:
+        second = _bash(script, launcher, other, tmp_path)
+        out, _err = second.communicate(timeout=60)
+        assert (second.returncode, out) == (1, "")
+    first.stdin.close()
+    assert first.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_fd_form_exec_and_unlock(tool, launcher, tmp_path, procs):
+    """`exec 9>f; flock 9` locks for the rest of the shell; `flock -u 9` gives it back."""
+    script = 'exec 9>lock; flock 9; echo held; read x; flock -u 9; echo unlocked; cat >/dev/null'
+    p = _bash(script, launcher, tool, tmp_path)
+    procs.append(p)
+    assert p.stdout.readline() == "held\n"
+    for other in TOOLS:
+        assert Side(other, launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 1
+    p.stdin.write("go\n")
+    p.stdin.flush()
+    assert p.stdout.readline() == "unlocked\n"
+    for other in TOOLS:
+        assert Side(other, launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0
+    p.stdin.close()
+    assert p.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["inherit", "close"])
+def test_close_decides_whether_the_command_keeps_the_descriptor(close, launcher, tmp_path):
+    """Without -o the command inherits the lock's descriptor (a background child keeps the lock after the
+    wrapper exits); with -o it does not. Both tools the same."""
+    seen = {}
+    for tool in TOOLS:
+        side = Side(tool, launcher, tmp_path)
+        # The background child closes its stdout (so run() returns) and holds until the gate file appears.
+        gate = tmp_path / f"gate-{tool}"
+        job = f"(exec >/dev/null 2>&1; while [ ! -e {gate} ]; do sleep 0.05; done) & echo $!"
+        r = side.run((["-o"] if close else []) + ["FILE", "sh", "-c", job])
+        assert r.returncode == 0, r.stderr
+        child = int(r.stdout)
+        try:
+            seen[tool] = [Side(t, launcher, tmp_path).run(["-n", "FILE", "true"]).returncode for t in TOOLS]
+        finally:
+            gate.touch()
+            wait_until(lambda pid=child: not pid_alive(pid), what="background child to end")
+    assert seen["flock"] == seen["hostlock"] == ([0, 0] if close else [1, 1])
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_no_fork_execs_in_place(tool, launcher, tmp_path):
+    """-F: the command replaces the wrapper (same pid) and holds the lock itself."""
+    side = Side(tool, launcher, tmp_path)
+    p = subprocess.Popen(side.words(["-F", "FILE", "sh", "-c", "echo $$; exec cat >/dev/null"]),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=side.env)
+    try:
+        assert int(p.stdout.readline()) == p.pid
+        assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 1
+    finally:
+        p.stdin.close()
+        assert p.wait(timeout=30) == 0
+
+
+def test_shell_is_taken_from_SHELL(launcher, tmp_path):
+    """-c runs through $SHELL as flock(1) does (docs/cli.md used to say /bin/sh)."""
+    fake = tmp_path / "fakeshell"
+    fake.write_text('#!/bin/sh\necho "fakeshell $*"\n')
+    fake.chmod(0o755)
+    outs = []
+    for tool in TOOLS:
+        side = Side(tool, launcher, tmp_path)
+        side.env["SHELL"] = str(fake)
+        outs.append(side.run(["FILE", "-c", "echo x"]).stdout)
+    assert outs[0] == outs[1] == "fakeshell -c echo x\n"
+
+
+def test_lock_the_script_itself(launcher, tmp_path, procs):
+    """The man page's idiom, with `flock` on PATH being hostlock: a second copy exits 1 while one runs."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    wrapper = bindir / "flock"
+    wrapper.write_text(f'#!/bin/sh\nexec {launcher} flock "$@"\n')
+    wrapper.chmod(0o755)
+    script = tmp_path / "job.sh"
+    script.write_text('#!/bin/bash\n[ "${FLOCKER}" != "$0" ] && exec env FLOCKER="$0" flock -en "$0" "$0" "$@" || :\n'
+                      'echo running; cat >/dev/null\n')
+    script.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}")
+    env.pop("FLOCKER", None)
+    first = subprocess.Popen([str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    procs.append(first)
+    assert first.stdout.readline() == "running\n"
+    second = subprocess.run([str(script)], stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env,
+                            timeout=60, check=False)
+    assert (second.returncode, second.stdout) == (1, "")
+    # the real flock(1) is excluded by the script's hostlock too
+    assert subprocess.run([FLOCK, "-n", str(script), "true"], check=False).returncode == 1
+    first.stdin.close()
+    assert first.wait(timeout=30) == 0
+
+
+# ------------------------------------------------------------------------------------------- --fcntl
+
+
+def _ofd(path: Path, kind: int, start: int = 0, length: int = 0):
+    """Take an OFD lock the way any other program would; returns the fd or None on conflict."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.fcntl(fd, 37, struct.pack("hhqqi", kind, os.SEEK_SET, start, length, 0))  # F_OFD_SETLK
+    except OSError as exc:
+        os.close(fd)
+        assert exc.errno in (errno.EAGAIN, errno.EACCES)
+        return None
+    return fd
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OFD locks are Linux-only")
+def test_fcntl_takes_ofd_locks(launcher, tmp_path, procs):
+    """--fcntl, --start, --length: OFD fcntl locks, which exclude other OFD lockers of the same bytes and
+    are independent of flock(2) locks (as with flock(1) --fcntl, util-linux 2.40+)."""
+    side = Side("hostlock", launcher, tmp_path)
+    lock = tmp_path / "lock"
+    h = side.hold(["--fcntl"], procs=procs)
+    assert _ofd(lock, fcntl.F_RDLCK) is None  # another program's OFD lock is excluded
+    assert side.run(["--fcntl", "-n", "FILE", "true"]).returncode == 1
+    assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0  # flock(2): independent
+    h.stdin.close()
+    assert h.wait(timeout=30) == 0
+    fd = _ofd(lock, fcntl.F_WRLCK, 100, 10)
+    try:
+        assert side.run(["--start", "100", "--length", "1", "-n", "FILE", "true"]).returncode == 1
+        assert side.run(["--start", "110", "--length", "10", "-n", "FILE", "true"]).returncode == 0
+        assert side.run(["--fcntl", "-s", "-n", "FILE", "true"]).returncode == 1  # whole file overlaps
+    finally:
+        os.close(fd)
+    assert side.run(["--start", "1K", "--length", "1KiB", "-n", "FILE", "true"]).returncode == 0
+    assert side.run(["--start", "x", "FILE", "true"]).returncode == 64
+
+
+# ------------------------------------------------------------------------------------- hostlock's own
+
+
+def test_signals_reach_the_command(launcher, tmp_path, procs):
+    """SIGTERM to hostlock flock reaches the command, which ends and frees the lock; hostlock exits with
+    its status. (flock(1) dies and leaves the command running with the lock: see docs/cli.md.)"""
+    job = ("import signal, sys\n"
+           "def term(*_):\n    print('got TERM', flush=True)\n    sys.exit(3)\n"
+           "signal.signal(signal.SIGTERM, term)\nprint('held', flush=True)\nwhile True:\n    signal.pause()\n")
+    side = Side("hostlock", launcher, tmp_path)
+    p = subprocess.Popen(side.words(["FILE", sys.executable, "-c", job]), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=side.env)
+    procs.append(p)
+    assert p.stdout.readline() == "held\n"
+    p.send_signal(signal.SIGTERM)
+    assert p.stdout.readline() == "got TERM\n"
+    assert p.wait(timeout=30) == 3
+    assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0
+
+
+def test_command_dies_with_hostlock(launcher, tmp_path, procs):
+    """SIGKILL to hostlock flock ends the command too (PR_SET_PDEATHSIG), so nothing runs on unlocked."""
+    side = Side("hostlock", launcher, tmp_path)
+    p = subprocess.Popen(side.words(["-o", "FILE", "sh", "-c", "echo $$; exec cat"]), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=side.env)
+    procs.append(p)
+    job = int(p.stdout.readline())
+    p.kill()
+    p.wait(timeout=30)
+    wait_until(lambda: not pid_alive(job), what="the job to die with hostlock")
+    assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0
+
+
+def test_fifo_at_the_lock_path_is_refused(launcher, tmp_path):
+    """flock(1) would block forever opening a FIFO; hostlock flock refuses it (exit 66, one line)."""
+    os.mkfifo(tmp_path / "lock")
+    r = Side("hostlock", launcher, tmp_path).run(["-n", "FILE", "true"])
+    assert r.returncode == 66
+    assert "FIFO" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_docs_table_is_current():
+    """docs/cli.md's flock table is what tools/flock_table.py makes from CASES and CONFLICTS."""
+    made = subprocess.run([sys.executable, str(ROOT / "tools" / "flock_table.py")], capture_output=True,
+                          text=True, check=True).stdout
+    assert made.strip() in (ROOT / "docs" / "cli.md").read_text(), "run tools/flock_table.py --write"
