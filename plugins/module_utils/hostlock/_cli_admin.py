@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, NoReturn
 
 STATUS_SCHEMA = "hostlock.status/1"
+PATH_SCHEMA = "hostlock.path-status/1"
 LEASE_SCHEMA = "hostlock.lease/1"
 BREAK_SCHEMA = "hostlock.break/1"
 GC_SCHEMA = "hostlock.gc/1"
@@ -99,6 +100,8 @@ def _build(command: str) -> argparse.ArgumentParser:
                     % ("lock NAME, or of every lock" if command == "status" else "every lock in the directory"))
         if command == "status":
             p.add_argument("name", nargs="?", metavar="NAME", help="the lock (default: every lock)")
+            p.add_argument("--path", metavar="FILE", help="instead of a named lock: who holds kernel locks "
+                           "(flock(2), POSIX, OFD) on FILE, e.g. one flock(1) locks, and the job each runs")
         _add_dir(p)
         _add_json(p)
         p.add_argument("-w", "--wide", action="store_true", help="do not shorten command lines")
@@ -294,6 +297,10 @@ def _directory(ns: argparse.Namespace) -> str:
 def cmd_status(ns: argparse.Namespace) -> int:
     """status [NAME] / list: the table, or {"schema", "directory", "locks": [...]}."""
     name = getattr(ns, "name", None)
+    if getattr(ns, "path", None) is not None:
+        if name:
+            raise c.UsageError("give a lock NAME or --path FILE, not both")
+        return cmd_status_path(ns)
     directory = _directory(ns)
     exists = os.path.isdir(directory)
     if not exists and ns.dir:  # an explicit --dir that does not exist is a typo, not "no locks"
@@ -314,6 +321,35 @@ def cmd_status(ns: argparse.Namespace) -> int:
     stale = [s.name for s in statuses if _state(s) == "stale" or any(h.stale for h in s.holders)]
     if stale:
         out += "stale: %s (remove with 'hostlock break NAME')\n" % ", ".join(stale)
+    c.write_out(out)
+    return 0
+
+
+def cmd_status_path(ns: argparse.Namespace) -> int:
+    """status --path FILE: the kernel locks on FILE's inode, their holders and jobs (from /proc)."""
+    from . import _proclocks
+
+    path = ns.path
+    try:
+        st = os.stat(path)  # follows symlinks, as flock(1) does when it opens the path to lock it
+    except OSError as exc:
+        c.say("cannot stat %s: %s" % (path, exc.strerror))
+        return c.errno_exit_code(exc.errno, c.EX_NOINPUT)
+    try:
+        locks = _proclocks.locks_on(st.st_dev, st.st_ino)
+    except OSError as exc:
+        c.say("cannot read /proc/locks: %s" % exc.strerror)
+        return c.EX_OSERR
+    if ns.json:
+        _print_json({"schema": PATH_SCHEMA, "path": path,
+                     "device": "%02x:%02x" % (os.major(st.st_dev), os.minor(st.st_dev)), "inode": st.st_ino,
+                     "locks": [lk.as_json() for lk in locks]})
+        return 0
+    out = "%s (device %02x:%02x, inode %d)\n" % (path, os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    if not locks:
+        out += "no kernel locks\n"
+    for lk in locks:
+        out += "  %s\n" % _shorten(_proclocks.describe(lk), 200, ns.wide)
     c.write_out(out)
     return 0
 

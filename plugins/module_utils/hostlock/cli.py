@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The `hostlock` command: a better flock(1), with status, leases and a cron mode (manual: docs/cli.md).
 
-This module only dispatches: each subcommand lives in `_cli_run` (run, cron: hand-parsed, the hot path) or
+This module only dispatches: each subcommand lives in `_cli_run` (run, cron: hand-parsed, the hot path),
+`_cli_flock` (flock: flock(1)'s command line, hand-parsed too) or
 `_cli_admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used).
 """
 
@@ -21,9 +22,12 @@ Host-wide locks for shell commands, cron jobs and Ansible: what flock(1) does, a
 commands:
   run NAME [--] COMMAND...   run COMMAND holding lock NAME (the lock and the job live and die together)
   run NAME -c 'SHELL CMD'    the same with /bin/sh -c
+  flock [options] FILE|DIR COMMAND... | FILE -c CMD | FD
+                             util-linux flock(1)'s command line on the same kernel lock (a drop-in)
   cron [--name NAME] -- COMMAND...
                              for crontabs: skip if still running, silent unless the job fails
   status [NAME]              who holds what: holders, their jobs, waiters, stale state (--json)
+  status --path FILE         who holds kernel locks (flock, POSIX, OFD) on any file, and their jobs
   list                       every lock in the directory (--json)
   hold NAME --lease D        take a lock that outlives this command; prints a token
   renew NAME TOKEN           extend a lease (--lease D)
@@ -70,13 +74,18 @@ def _fast_exit(code: int) -> None:
 
 def _dispatch(args: list[str]) -> int:
     if not args:
-        c.say("missing command: run, cron, status, list, hold, renew, release, break or gc (see 'hostlock --help')")
+        c.say("missing command: run, flock, cron, status, list, hold, renew, release, break or gc "
+              "(see 'hostlock --help')")
         return c.EX_USAGE
     command, rest = args[0], args[1:]
     if command == "run":
         from ._cli_run import main_run
 
         return main_run(rest)
+    if command == "flock":
+        from ._cli_flock import main_flock
+
+        return main_flock(rest)
     if command == "cron":
         from ._cli_run import main_cron
 
@@ -96,5 +105,5 @@ def _dispatch(args: list[str]) -> int:
     if command.startswith("-"):
         return c.usage_error("unknown option %s: options follow the command, e.g. 'hostlock run -n NAME CMD'"
                              % command)
-    return c.usage_error("unknown command %r: use run, cron, status, list, hold, renew, release, break or gc"
+    return c.usage_error("unknown command %r: use run, flock, cron, status, list, hold, renew, release, break or gc"
                          % command)
