@@ -3,6 +3,7 @@
 Measured in the same run, interleaved round by round so machine noise hits every row alike:
   - `hostlock run NAME true` through a launcher like roles/cli/templates (`#!PYTHON -IS`, the library
     appended to sys.path): what a cron job or a shell script pays per call;
+  - `hostlock flock LOCKFILE true` (flock(1)'s command line: must start as fast as `hostlock run`);
   - `hostlock cron --name NAME -- true` (adds the output capture);
   - `flock LOCKFILE true` (util-linux flock(1), the ~2 ms floor of a C program);
   - `PYTHON -I -S -c pass` (the bare interpreter: what any Python command pays before doing anything).
@@ -100,6 +101,7 @@ def main() -> int:
         env = {"PATH": "/usr/bin:/bin", "HOSTLOCK_DIR": str(lockdir)}
         cases = {
             "`hostlock run NAME true`": [launcher, "run", "bench", "true"],
+            "`hostlock flock LOCKFILE true`": [launcher, "flock", str(work / "hostlock-flock.lock"), "true"],
             "`hostlock cron --name NAME -- true`": [launcher, "cron", "--name", "bench-cron", "--", "true"],
             "`flock LOCKFILE true` (util-linux)": [flock, str(work / "flock.lock"), "true"] if flock else None,
             "`python3 -I -S -c pass` (bare interpreter)": [args.python, "-I", "-S", "-c", "pass"],
@@ -136,6 +138,9 @@ def main() -> int:
             f"{run_ms:.1f} ms ({'met' if run_ms <= 20 else '**missed** in absolute terms'}), "
             f"{ratio:.2f}x bare ({'met' if ratio <= 20 / 9 else '**MISSED**'}). Other work on the machine "
             "inflates every row; the ratios are the comparable figures."]
+    fl_ms = med["`hostlock flock LOCKFILE true`"]
+    out += ["", f"`hostlock flock LOCKFILE true` is {fl_ms / run_ms:.2f}x `hostlock run NAME true` "
+            f"(target: <= 1.0x, same start-up path; it takes no owner record and starts no watcher)."]
     print("\n".join(out))
     if args.docs:
         command = "make bench-cli  # = .venv/bin/python benchmarks/cli.py --docs docs/benchmarks.md"
