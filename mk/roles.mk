@@ -17,11 +17,13 @@ CMD                ?= test
 
 .PHONY: test-roles lint-roles molecule roles-deps roles-collection
 
-# sshd for the target; cron for crontab(1) and /etc/cron.d, which ansible.builtin.cron requires on the host.
+# sshd for the target; cron for crontab(1) and /etc/cron.d, which ansible.builtin.cron requires on the host;
+# man-db, with which the cli scenario renders the man page the role installs.
 roles-deps:
 	@missing=""; \
 	[[ -x /usr/sbin/sshd ]] || missing="$$missing openssh-server"; \
 	command -v crontab >/dev/null || missing="$$missing cron"; \
+	command -v man >/dev/null || missing="$$missing man-db"; \
 	if [[ -n "$$missing" ]]; then \
 	  echo "roles-deps: apt-get install$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \

@@ -1,0 +1,83 @@
+# bash completion for hostlock(1): commands, each command's options, lock names, files for flock/--path.
+# Installed by the hostlock.core.cli role as /usr/local/share/bash-completion/completions/hostlock.
+
+_hostlock_names() {
+    # Lock names from the lock directory (what 'hostlock list' would show), without running Python.
+    local dir=${HOSTLOCK_DIR:-/run/hostlock} f
+    [[ -d $dir ]] || return 0
+    for f in "$dir"/*.lock; do
+        [[ -e $f ]] || continue
+        f=${f##*/}
+        printf '%s\n' "${f%.lock}"
+    done
+}
+
+_hostlock() {
+    local cur prev words cword
+    if declare -F _init_completion >/dev/null; then
+        _init_completion || return
+    else
+        cur=${COMP_WORDS[COMP_CWORD]}
+        prev=${COMP_WORDS[COMP_CWORD - 1]}
+        words=("${COMP_WORDS[@]}")
+        cword=$COMP_CWORD
+    fi
+    local commands="run flock cron status list hold renew release break gc"
+    if ((cword == 1)); then
+        mapfile -t COMPREPLY < <(compgen -W "$commands --help --version" -- "$cur")
+        return
+    fi
+    local opts
+    case ${words[1]} in
+        run) opts="-x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
+                   -d --dir --mechanism --label -c --command --timeout --kill-after --process-group -q --quiet
+                   -v --verbose -h --help" ;;
+        flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
+                     -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
+                     --verbose -h --help -V --version" ;;
+        cron) opts="--name --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --timeout
+                    --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
+                    --process-group -c --command -v --verbose -h --help" ;;
+        status) opts="--path --json --wide -d --dir -h --help" ;;
+        list) opts="--json --wide -d --dir -h --help" ;;
+        hold) opts="--lease -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E
+                    --conflict-exit-code --mechanism --label -d --dir --json -h --help" ;;
+        renew) opts="--lease -d --dir --json -h --help" ;;
+        release) opts="-d --dir --json -h --help" ;;
+        break) opts="--force -d --dir --json -h --help" ;;
+        gc) opts="--older-than -n --dry-run -d --dir --json -h --help" ;;
+        *) return ;;
+    esac
+    case $prev in
+        -d | --dir | --path)
+            mapfile -t COMPREPLY < <(compgen -f -- "$cur")
+            return ;;
+        --mechanism)
+            mapfile -t COMPREPLY < <(compgen -W "auto ofd flock record" -- "$cur")
+            return ;;
+        --process-group)
+            mapfile -t COMPREPLY < <(compgen -W "auto new same" -- "$cur")
+            return ;;
+        --on-conflict)
+            mapfile -t COMPREPLY < <(compgen -W "quiet report fail" -- "$cur")
+            return ;;
+        -w | --wait | --timeout | --kill-after | --lease | --older-than | -E | --conflict-exit-code | --slots \
+            | --label | -c | --command | --start | --length | --name | --syslog-socket)
+            return ;;
+    esac
+    if [[ $cur == -* ]]; then
+        mapfile -t COMPREPLY < <(compgen -W "$opts" -- "$cur")
+        return
+    fi
+    case ${words[1]} in
+        flock)
+            # FILE|DIR or FD first, then the command
+            mapfile -t COMPREPLY < <(compgen -f -- "$cur"; compgen -c -- "$cur") ;;
+        run | status | hold | renew | release | break)
+            mapfile -t COMPREPLY < <(_hostlock_names | grep -- "^$cur" ; [[ ${words[1]} == run ]] && compgen -c -- "$cur") ;;
+        cron)
+            mapfile -t COMPREPLY < <(compgen -c -- "$cur") ;;
+    esac
+}
+
+complete -F _hostlock hostlock

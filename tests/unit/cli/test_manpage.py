@@ -1,0 +1,50 @@
+"""The man page and the bash completion shipped in lib/hostlock/data: they list every command and every
+flock(1) option `hostlock flock` accepts, render without warnings, and complete what they should."""
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hostlock import _cli_flock
+from hostlock.cli import _ADMIN
+
+DATA = Path(__file__).resolve().parents[3] / "lib" / "hostlock" / "data"
+COMMANDS = ["run", "flock", "cron", *_ADMIN]
+
+
+def test_man_page_lists_every_command_and_flock_option():
+    text = (DATA / "hostlock.1").read_text().replace("\\-", "-")
+    for command in COMMANDS:
+        assert re.search(r"^\.B(R)? .*\b%s\b" % command, text, re.M), command
+    for option in _cli_flock._SPEC:
+        if option != "-?":
+            assert option in text, option
+
+
+@pytest.mark.skipif(shutil.which("groff") is None, reason="groff is not installed")
+def test_man_page_renders_cleanly():
+    r = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z", str(DATA / "hostlock.1")], capture_output=True,
+                       text=True, check=False)
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def _complete(line: str) -> list[str]:
+    script = ("source %s\nCOMP_LINE=%r\nCOMP_WORDS=(%s)\nCOMP_CWORD=%d\n_hostlock\nprintf '%%s\\n' \"${COMPREPLY[@]}\"\n"
+              % (DATA / "hostlock.bash", line, line + ("''" if line.endswith(" ") else ""),
+                 len(line.split()) - (0 if line.endswith(" ") else 1)))
+    r = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, text=True, check=True,
+                       env=dict(os.environ, HOSTLOCK_DIR="/nonexistent"))
+    return r.stdout.split()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is not installed")
+def test_bash_completion():
+    assert "flock" in _complete("hostlock fl")
+    assert _complete("hostlock flock --fc") == ["--fcntl"]
+    assert set(_complete("hostlock flock --n")) == {"--nb", "--nonblocking", "--no-fork"}
+    assert _complete("hostlock status --pa") == ["--path"]
+    assert set(_complete("hostlock run --mechanism ")) == {"auto", "ofd", "flock", "record"}
