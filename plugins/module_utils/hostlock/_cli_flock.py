@@ -12,8 +12,10 @@ What hostlock adds is what no correct script can observe (docs/cli.md, "hostlock
 - it stays the parent and forwards TERM, INT, HUP, QUIT, USR1 and USR2 to the command (flock(1) dies and
   leaves the command running with the lock);
 - the command dies with hostlock (PR_SET_PDEATHSIG), even when hostlock is SIGKILLed;
-- a FIFO at the lock path is refused instead of blocking forever in open().
-Symlinks are followed, as flock(1) does: both must lock the same inode to exclude each other.
+- a FIFO at the lock path is refused instead of blocking forever in open();
+- a symlink another user planted in a sticky world-writable directory is refused (fs.protected_symlinks'
+  rule, enforced even where the sysctl is off).
+Other symlinks are followed, as flock(1) does: both must lock the same inode to exclude each other.
 
 Only cheap modules here, like `hostlock run` (the supervisor and this parser are the whole hot path).
 """
@@ -274,6 +276,7 @@ def open_file(filename: str, flags: int) -> tuple[int, int]:
     (filelock #549); it is refused instead (the only place we differ from flock(1) here).
     """
     fl = (flags or os.O_RDONLY) | os.O_NOCTTY | os.O_CREAT
+    _refuse_planted_symlink(filename)
     try:
         try:
             fd = os.open(filename, fl | os.O_NONBLOCK, 0o666)
@@ -295,6 +298,29 @@ def open_file(filename: str, flags: int) -> tuple[int, int]:
     # The command inherits this open file description: it must not see O_NONBLOCK we added for the open.
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd, fl
+
+
+def _refuse_planted_symlink(filename: str) -> None:
+    """fs.protected_symlinks' rule, applied even where the sysctl is off (containers often have it at 0):
+    a symlink in a sticky world-writable directory (/tmp) is followed only if we or the directory's owner
+    own it. Otherwise another user could make root create or lock any file (`ln -s /etc/cron.d/x
+    /tmp/job.lock`). Correct scripts already live with this rule: most distributions enable the sysctl.
+    """
+    try:
+        link = os.lstat(filename)
+    except OSError:
+        return  # nothing there yet, or unreadable: open() reports it
+    if not stat.S_ISLNK(link.st_mode):
+        return
+    try:
+        parent = os.stat(os.path.dirname(filename) or ".")
+    except OSError:
+        return
+    sticky_world = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
+    if sticky_world and link.st_uid not in (os.geteuid(), parent.st_uid):
+        warn("cannot open lock file %s: a symlink owned by uid %d in a sticky world-writable directory "
+             "(refused, as fs.protected_symlinks does)" % (filename, link.st_uid))
+        raise _Exit(c.EX_NOINPUT)
 
 
 def do_lock(o: Options, fd: int, block: int) -> None:

@@ -340,6 +340,26 @@ def test_fifo_at_the_lock_path_is_refused(launcher, tmp_path):
     assert "FIFO" in r.stderr and r.stderr.count("\n") == 1
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to give the symlink to another user)")
+def test_symlink_planted_by_another_user_in_sticky_dir_is_refused(launcher, tmp_path):
+    """In a sticky world-writable directory, a symlink owned by another user is not followed (exit 66, the
+    target is neither created nor locked); our own symlink is followed like flock(1) follows it."""
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    target = tmp_path / "target"
+    os.symlink(target, sticky / "lock")
+    os.lchown(sticky / "lock", 65534, 65534)  # as if user nobody had planted it
+    side = Side("hostlock", launcher, sticky)
+    r = side.run(["FILE", "true"])
+    assert r.returncode == 66 and "symlink owned by uid 65534" in r.stderr and r.stderr.count("\n") == 1
+    assert not target.exists()
+    os.unlink(sticky / "lock")
+    os.symlink(target, sticky / "lock")
+    assert side.run(["FILE", "true"]).returncode == 0
+    assert target.exists()
+
+
 def test_docs_table_is_current():
     """docs/cli.md's flock table is what tools/flock_table.py makes from CASES and CONFLICTS."""
     made = subprocess.run([sys.executable, str(ROOT / "tools" / "flock_table.py")], capture_output=True,
