@@ -360,6 +360,16 @@ def test_symlink_planted_by_another_user_in_sticky_dir_is_refused(launcher, tmp_
     assert target.exists()
 
 
+def test_lock_file_is_never_written(launcher, tmp_path):
+    """Locking opens without O_TRUNC and writes nothing, with flock(2) or an exclusive --fcntl lock (which
+    opens the file write-only, as flock(1) does)."""
+    lock = tmp_path / "lock"
+    lock.write_text("payload\n")
+    for args in (["FILE", "true"], ["--fcntl", "FILE", "true"], ["-s", "--fcntl", "FILE", "true"]):
+        assert Side("hostlock", launcher, tmp_path).run(args).returncode == 0
+    assert lock.read_text() == "payload\n"
+
+
 def test_docs_table_is_current():
     """docs/cli.md's flock table is what tools/flock_table.py makes from CASES and CONFLICTS."""
     made = subprocess.run([sys.executable, str(ROOT / "tools" / "flock_table.py")], capture_output=True,
