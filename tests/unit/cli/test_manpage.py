@@ -33,9 +33,10 @@ def test_man_page_renders_cleanly():
 
 
 def _complete(line: str) -> list[str]:
-    script = ("source %s\nCOMP_LINE=%r\nCOMP_WORDS=(%s)\nCOMP_CWORD=%d\n_hostlock\nprintf '%%s\\n' \"${COMPREPLY[@]}\"\n"
-              % (DATA / "hostlock.bash", line, line + ("''" if line.endswith(" ") else ""),
-                 len(line.split()) - (0 if line.endswith(" ") else 1)))
+    words = line + ("''" if line.endswith(" ") else "")
+    cword = len(line.split()) - (0 if line.endswith(" ") else 1)
+    script = ("source %s\nCOMP_LINE=%r\nCOMP_WORDS=(%s)\nCOMP_CWORD=%d\n_hostlock\n"
+              "printf '%%s\\n' \"${COMPREPLY[@]}\"\n" % (DATA / "hostlock.bash", line, words, cword))
     r = subprocess.run(["bash", "--norc", "-c", script], capture_output=True, text=True, check=True,
                        env=dict(os.environ, HOSTLOCK_DIR="/nonexistent"))
     return r.stdout.split()
