@@ -38,6 +38,7 @@ DEFAULT_KILL_AFTER = 10.0
 RUN_HELP = """\
 usage: hostlock run [options] NAME [--] COMMAND [ARG...]
        hostlock run [options] NAME -c 'SHELL COMMAND'
+       hostlock run [options] --path FILE [--] COMMAND [ARG...]
 
 Run COMMAND while holding the lock NAME. hostlock stays the parent: signals it gets reach the job, the
 job dies if hostlock is killed, and the job (and any daemon it starts) never inherits the lock.
@@ -54,6 +55,8 @@ lock options:
   -d, --dir DIR            lock directory (default: $HOSTLOCK_DIR, /run/hostlock, per-user dir)
   --mechanism M            auto (default), ofd, flock or record
   --label TEXT             free text shown by 'hostlock status'
+  --path FILE              instead of NAME: lock FILE as flock(1) does (flock(2); --mechanism ofd: OFD
+                           fcntl locks), excluding flock(1) users of FILE; 'status --path FILE' shows it
 job options:
   -c, --command CMD        run CMD with /bin/sh -c
   --timeout DURATION       the most the job may run: then SIGTERM, exit code 124
@@ -88,7 +91,8 @@ signal, timeout) they are printed followed by one line with the status, so cron 
   --kill-after DURATION
   --syslog                 write one line per run to syslog (/dev/log): started job's result or skip
   --syslog-socket PATH     syslog socket to use (implies --syslog)
-  -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD: as for run
+  -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD, --path FILE:
+                           as for run
   -v, --verbose            say what happens, on stderr (cron mails it)
   -h, --help               show this help
 
@@ -102,7 +106,7 @@ class Options:
 
     __slots__ = ("name", "mode", "slots", "wait", "conflict_code", "directory", "mechanism", "label",
                  "command", "shell", "timeout", "kill_after", "pgroup", "quiet", "verbose", "help",
-                 "on_conflict", "syslog", "syslog_socket", "_wait_opt")
+                 "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path")
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -125,6 +129,7 @@ class Options:
         self.syslog = False
         self.syslog_socket = "/dev/log"
         self._wait_opt = ""
+        self.path: str | None = None  # --path FILE: flock(1)'s lock on FILE instead of a named lock
 
 
 _RUN_SPEC = {
@@ -137,6 +142,7 @@ _RUN_SPEC = {
     "-d": ("dir", True), "--dir": ("dir", True),
     "--mechanism": ("mechanism", True),
     "--label": ("label", True),
+    "--path": ("path", True),
     "-c": ("shell", True), "--command": ("shell", True),
     "--timeout": ("timeout", True),
     "--kill-after": ("kill_after", True),
@@ -187,6 +193,10 @@ def parse(args: list[str], cron: bool) -> Options:
             o.mechanism = value
         elif key == "label":
             o.label = value
+        elif key == "path":
+            if not value:
+                raise c.UsageError("%s needs a file" % opt, command)
+            o.path = value
         elif key == "shell":
             if o.shell is not None:
                 raise c.UsageError("%s given twice" % opt, command)
@@ -223,7 +233,7 @@ def parse(args: list[str], cron: bool) -> Options:
     i, dashdash = c.getopt(args, 0, spec, handle, command)
     if o.help:
         return o
-    if not cron:
+    if not cron and o.path is None:
         if i >= len(args):
             raise c.UsageError("missing lock NAME and COMMAND", command)
         o.name = args[i]
@@ -246,6 +256,15 @@ def parse(args: list[str], cron: bool) -> Options:
     if o.slots > 1 and o.mode == "shared":
         raise c.UsageError("--slots and --shared cannot be used together (a semaphore's slots are exclusive)",
                            command)
+    if o.path is not None:
+        if o.name is not None and not cron:
+            raise c.UsageError("give a lock NAME or --path FILE, not both", command)
+        if o.slots > 1 or o.directory is not None or o.mechanism == "record":
+            raise c.UsageError("--path locks FILE as flock(1) does: --slots, --dir and --mechanism record do "
+                               "not apply", command)
+        if cron and o.name is not None:
+            raise c.UsageError("give --name or --path, not both", command)
+        o.name = o.path
     if cron and o.wait is None:
         o.wait = 0.0  # a cron run that finds the previous one still going is skipped, not queued
     return o
@@ -570,6 +589,10 @@ def conflict_text(name: str, exc: BaseException, waited: float | None) -> str:
 
 def make_lock(o: Options) -> Lock:
     """Build the engine's Lock from the options (validates the name: InvalidName -> exit 64)."""
+    if o.path is not None:
+        from ._pathlock import PathLock
+
+        return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")  # type: ignore[return-value]
     from . import Lock
 
     return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,

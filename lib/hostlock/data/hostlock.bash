@@ -29,13 +29,13 @@ _hostlock() {
     fi
     local opts
     case ${words[1]} in
-        run) opts="-x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
+        run) opts="--path -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
                    -d --dir --mechanism --label -c --command --timeout --kill-after --process-group -q --quiet
                    -v --verbose -h --help" ;;
         flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
                      -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
                      --verbose -h --help -V --version" ;;
-        cron) opts="--name --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --timeout
+        cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --timeout
                     --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
                     --process-group -c --command -v --verbose -h --help" ;;
         status) opts="--path --json --wide -d --dir -h --help" ;;

@@ -26,10 +26,11 @@ import _signal
 import errno
 import fcntl
 import os
-import stat
 import time
 
 from . import _cli_common as c
+from . import _pathlock
+from ._error import LockFileError
 
 PROG = "hostlock flock"
 DEFAULT_CONFLICT = 1  # flock(1)'s, not hostlock run's 75: scripts test for it
@@ -90,9 +91,6 @@ _SPEC = {
 }
 
 LOCK_EX, LOCK_SH, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_SH, fcntl.LOCK_UN
-_FCNTL_TYPE = {LOCK_EX: fcntl.F_WRLCK, LOCK_SH: fcntl.F_RDLCK, LOCK_UN: fcntl.F_UNLCK}
-F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # missing before Python 3.9; the same on every arch
-F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 
 
 class _Exit(Exception):
@@ -270,20 +268,13 @@ def parse(args: list[str]) -> Options:
 
 
 def open_file(filename: str, flags: int) -> tuple[int, int]:
-    """flock.c's open_file(): returns (fd, flags used); exits 66/71/73 with flock(1)'s message.
-
-    O_NONBLOCK only for the open itself: a FIFO at the lock path would otherwise block open() forever
-    (filelock #549); it is refused instead (the only place we differ from flock(1) here).
-    """
-    fl = (flags or os.O_RDONLY) | os.O_NOCTTY | os.O_CREAT
-    _refuse_planted_symlink(filename)
+    """flock.c's open_file() (shared with `run --path`: _pathlock.open_path); exits 66/71/73 with flock(1)'s
+    message. The descriptor is close-on-exec here; run_command decides whether the command inherits it."""
     try:
-        try:
-            fd = os.open(filename, fl | os.O_NONBLOCK, 0o666)
-        except IsADirectoryError:
-            # Linux refuses O_CREAT on a directory; POSIX allows neither O_RDWR nor O_WRONLY there.
-            fl = os.O_RDONLY | os.O_NOCTTY
-            fd = os.open(filename, fl | os.O_NONBLOCK)
+        return _pathlock.open_path(filename, flags)
+    except LockFileError as exc:  # a FIFO or a planted symlink (docs/security.md)
+        warn("cannot open lock file %s: %s" % (filename, exc))
+        raise _Exit(c.EX_NOINPUT) from None
     except OSError as exc:
         warn("cannot open lock file %s: %s" % (filename, os.strerror(exc.errno or 0)))
         if exc.errno in (errno.ENOMEM, errno.EMFILE, errno.ENFILE):
@@ -291,102 +282,38 @@ def open_file(filename: str, flags: int) -> tuple[int, int]:
         if exc.errno in (errno.EROFS, errno.ENOSPC):
             raise _Exit(c.EX_CANTCREAT) from None
         raise _Exit(c.EX_NOINPUT) from None
-    if stat.S_ISFIFO(os.fstat(fd).st_mode):
-        os.close(fd)
-        warn("cannot open lock file %s: it is a FIFO (refused: opening it would block)" % filename)
-        raise _Exit(c.EX_NOINPUT)
-    # The command inherits this open file description: it must not see O_NONBLOCK we added for the open.
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-    return fd, fl
-
-
-def _refuse_planted_symlink(filename: str) -> None:
-    """fs.protected_symlinks' rule, applied even where the sysctl is off (containers often have it at 0):
-    a symlink in a sticky world-writable directory (/tmp) is followed only if we or the directory's owner
-    own it. Otherwise another user could make root create or lock any file (`ln -s /etc/cron.d/x
-    /tmp/job.lock`). Correct scripts already live with this rule: most distributions enable the sysctl.
-    """
-    try:
-        link = os.lstat(filename)
-    except OSError:
-        return  # nothing there yet, or unreadable: open() reports it
-    if not stat.S_ISLNK(link.st_mode):
-        return
-    try:
-        parent = os.stat(os.path.dirname(filename) or ".")
-    except OSError:
-        return
-    sticky_world = parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH
-    if sticky_world and link.st_uid not in (os.geteuid(), parent.st_uid):
-        warn("cannot open lock file %s: a symlink owned by uid %d in a sticky world-writable directory "
-             "(refused, as fs.protected_symlinks does)" % (filename, link.st_uid))
-        raise _Exit(c.EX_NOINPUT)
-
-
-def do_lock(o: Options, fd: int, block: int) -> None:
-    """flock(2), or an OFD fcntl lock on [start, start+length): the same kernel locks flock(1) takes."""
-    if not o.fcntl:
-        fcntl.flock(fd, o.type | block)
-        return
-    import struct
-
-    arg = struct.pack("hhqqi", _FCNTL_TYPE[o.type], os.SEEK_SET, o.start, o.length, 0)
-    fcntl.fcntl(fd, F_OFD_SETLK if block else F_OFD_SETLKW, arg)
-
-
-class _TimedOut(Exception):
-    """Raised by the SIGALRM handler: interrupts the blocking lock call (PEP 475 retries EINTR otherwise)."""
-
-
-def _alarm(_sig: int, _frame: object) -> None:
-    raise _TimedOut()
 
 
 def take_lock(o: Options, fd: int, flags: int) -> int:
     """flock.c's lock loop: returns the descriptor holding the lock (it may be reopened read-write)."""
-    block = o.block
-    have_timeout = False
-    if o.timeout is not None:
-        if o.timeout == 0:
-            block = fcntl.LOCK_NB  # -w 0 is -n (a zero itimer would mean "disabled")
-        elif o.timeout < 0:
+    wait: float | None = None  # forever
+    if o.block:
+        wait = 0.0
+    elif o.timeout is not None:
+        if o.timeout < 0:
             warn("cannot set up timer: %s" % os.strerror(errno.EINVAL))
             raise _Exit(c.EX_OSERR)
-        else:
-            have_timeout = True
-            _signal.signal(_signal.SIGALRM, _alarm)
-            _signal.setitimer(_signal.ITIMER_REAL, o.timeout)
+        wait = o.timeout  # -w 0 is -n
     t0 = time.monotonic()
-    try:
-        while True:
-            try:
-                do_lock(o, fd, block)
+    while True:
+        try:
+            if _pathlock.lock_with_timeout(fd, o.type, wait, o.fcntl, o.start, o.length):
                 break
-            except _TimedOut:
-                if o.verbose:
-                    warn("timeout while waiting to get lock")
-                raise _Exit(o.conflict_code) from None
-            except OSError as exc:
-                err = exc.errno
-                if err in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    # F_OFD_SETLK may report a conflict as EACCES, meaning the same as EAGAIN.
-                    if o.verbose:
-                        warn("failed to get lock")
-                    raise _Exit(o.conflict_code) from None
-                if err in (errno.EIO, errno.EBADF) and not flags & os.O_RDWR and o.type != LOCK_SH \
-                        and o.filename and os.access(o.filename, os.R_OK | os.W_OK):
-                    # Probably NFSv4, where flock() is emulated by fcntl() and needs a writable
-                    # descriptor: reopen read-write and try again, as flock(1) does.
-                    os.close(fd)
-                    fd, flags = open_file(o.filename, os.O_RDWR)
-                    if flags & os.O_RDWR:
-                        continue
-                warn("%s: %s" % (o.filename if o.filename else o.fd, os.strerror(err or 0)))
-                raise _Exit(c.EX_OSERR if err in (errno.ENOLCK, errno.ENOMEM) else c.EX_DATAERR) from None
-    finally:
-        if have_timeout:
-            _signal.setitimer(_signal.ITIMER_REAL, 0)
-            _signal.signal(_signal.SIGALRM, _signal.SIG_DFL)
+            if o.verbose:
+                warn("failed to get lock" if not wait else "timeout while waiting to get lock")
+            raise _Exit(o.conflict_code)
+        except OSError as exc:
+            err = exc.errno
+            if err in (errno.EIO, errno.EBADF) and not flags & os.O_RDWR and o.type != LOCK_SH \
+                    and o.filename and os.access(o.filename, os.R_OK | os.W_OK):
+                # Probably NFSv4, where flock() is emulated by fcntl() and needs a writable
+                # descriptor: reopen read-write and try again, as flock(1) does.
+                os.close(fd)
+                fd, flags = open_file(o.filename, os.O_RDWR)
+                if flags & os.O_RDWR:
+                    continue
+            warn("%s: %s" % (o.filename if o.filename else o.fd, os.strerror(err or 0)))
+            raise _Exit(c.EX_OSERR if err in (errno.ENOLCK, errno.ENOMEM) else c.EX_DATAERR) from None
     if o.verbose:
         took = time.monotonic() - t0
         c.write_out("%s: getting lock took %d.%06d seconds\n" % (PROG, int(took), int(took * 1e6) % 1000000))

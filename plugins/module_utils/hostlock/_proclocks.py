@@ -63,6 +63,13 @@ class Holder:
         self.cmdline = cmdline
         self.jobs = jobs  # (pid, cmdline) of its children: the job when the holder is a wrapper
 
+    def describe(self) -> str:
+        """For conflict messages: 'pid 12 (flock /x sleep 9; job pid 13: sleep 9)'."""
+        text = " ".join(self.cmdline.split())[:80] or "?"
+        for pid, cmd in self.jobs[:2]:
+            text += "; job pid %d: %s" % (pid, " ".join(cmd.split())[:80] or "?")
+        return "pid %d (%s)" % (self.pid, text)
+
     def as_json(self) -> dict[str, Any]:
         return {"pid": self.pid, "fd": self.fd, "uid": self.uid, "cmdline": self.cmdline,
                 "jobs": [{"pid": p, "cmdline": cmd} for p, cmd in self.jobs]}
