@@ -62,3 +62,76 @@ def wait_line(proc: subprocess.Popen, expected: str, timeout: float = 10.0) -> s
                 return line.strip()
     err = proc.stderr.read() if proc.poll() is not None else "(running)"
     raise AssertionError("child never printed %r; stderr: %s" % (expected, err))
+
+
+ROOT = os.geteuid() == 0
+NOBODY = 65534
+
+
+def _can_run_as_others() -> bool:
+    import shutil
+
+    return ROOT and all(shutil.which(t) for t in ("setpriv", "groupadd", "groupdel"))
+
+
+needs_users = pytest.mark.skipif(not _can_run_as_others(), reason="needs root, setpriv, groupadd and groupdel")
+
+
+@pytest.fixture
+def shared_group():
+    """A real group (groupadd, removed afterwards) and a 3770 directory of root's shared with it, as the cli
+    role sets up /run/hostlock. Yields (directory, gid); `as_member(gid, argv)` runs argv as uid 65534 in
+    that group and no other."""
+    import grp
+    import shutil
+    import tempfile
+    import uuid
+
+    name = "hlt%s" % uuid.uuid4().hex[:12]
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    top = tempfile.mkdtemp(prefix="hostlock-shared-", dir="/tmp")
+    try:
+        gid = grp.getgrnam(name).gr_gid
+        os.chmod(top, 0o755)  # the other user must be able to reach the shared directory
+        shared = os.path.join(top, "shared")
+        os.mkdir(shared)
+        os.chown(shared, 0, gid)
+        os.chmod(shared, 0o3770)
+        yield shared, gid
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+        subprocess.run(["groupdel", name], check=False, capture_output=True)
+
+
+def as_member(gid: int, argv: list, **kw) -> subprocess.CompletedProcess:
+    """Run argv as user nobody (65534) whose only group is `gid`: a real member of the shared group."""
+    kw.setdefault("capture_output", True)
+    kw.setdefault("text", True)
+    kw.setdefault("timeout", 30)
+    return subprocess.run(["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % gid, "--groups=%d" % gid, *argv],
+                          check=False, **kw)
+
+
+VICTIM = r"""
+import os, signal, sys
+got = []
+for s in (signal.SIGTERM, signal.SIGCONT, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, lambda n, _f: got.append(n))
+print("ready", os.getpid(), flush=True)
+for line in sys.stdin:                    # held until told: one line asks for the signals seen so far
+    print("signals", sorted(got), flush=True)
+"""
+
+
+def start_victim() -> subprocess.Popen:
+    """A root process that must never be signalled: it records every catchable signal it gets and reports
+    them when asked (a line on stdin); the kernel delivers a signal sent before the request first."""
+    p = subprocess.Popen([sys.executable, "-c", VICTIM], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("ready")
+    return p
+
+
+def victim_signals(p: subprocess.Popen) -> str:
+    p.stdin.write("report\n")
+    p.stdin.flush()
+    return p.stdout.readline().strip()

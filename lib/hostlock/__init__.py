@@ -7,9 +7,10 @@ it" and serves as the fallback mechanism where kernel locks are unavailable.
 
 from __future__ import annotations
 
-from ._api import Lock, LockStatus, break_lock, holders, list_locks, status
+from ._api import STATUS_SCHEMA, Lock, LockStatus, break_lock, holders, list_locks, status
 from ._directory import SYSTEM_DIRECTORY, default_directory
 from ._error import (
+    CorruptLockFile,
     HostlockError,
     InvalidDuration,
     InvalidName,
@@ -65,7 +66,9 @@ def token_id(token: str) -> str:
 
 __all__ = [
     "MAX_DURATION",
+    "STATUS_SCHEMA",
     "SYSTEM_DIRECTORY",
+    "CorruptLockFile",
     "Holder",
     "HostlockError",
     "InvalidDuration",

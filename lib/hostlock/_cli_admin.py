@@ -12,6 +12,7 @@ import sys
 import time
 
 from . import (
+    STATUS_SCHEMA,
     Holder,
     LockStatus,
     LockTimeout,
@@ -30,7 +31,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, NoReturn
 
-STATUS_SCHEMA = "hostlock.status/1"
 PATH_SCHEMA = "hostlock.path-status/1"
 LEASE_SCHEMA = "hostlock.lease/1"
 BREAK_SCHEMA = "hostlock.break/1"
@@ -184,47 +184,17 @@ def main_admin(command: str, args: list[str]) -> int:
 
 
 def holder_json(h: Holder) -> dict[str, Any]:
-    """One holder in the documented, stable JSON shape (not the engine's internal as_dict)."""
-    return {
-        "pid": h.pid,
-        "user": h.user,
-        "uid": h.uid,
-        "mode": h.mode,
-        "slot": h.slot,
-        "cmdline": h.cmdline,
-        "job_pid": h.job_pid,
-        "job_cmdline": h.job_cmdline,
-        "label": h.label,
-        "acquired_at": h.acquired_at,
-        "lease_expires": h.lease_expires,
-        "token_id": h.token_id,
-        "alive": h.alive,
-        "stale": bool(h.stale),
-        "hostname": h.hostname,
-        "boot_id": h.boot_id,
-        "start_time": h.start_time,
-    }
+    """One holder in the documented JSON shape: the engine's one serializer."""
+    return h.to_json()
 
 
 def _state(st: LockStatus) -> str:
-    live = [h for h in st.holders if not h.stale]
-    if live:
-        return "held"
-    return "stale" if st.stale or st.holders else "free"
+    return st.state
 
 
 def lock_json(st: LockStatus) -> dict[str, Any]:
-    """One lock in the documented JSON shape."""
-    return {
-        "name": st.name,
-        "path": st.path,
-        "mechanism": st.mechanism,
-        "slots": st.slots,
-        "state": _state(st),
-        "stale": bool(st.stale),
-        "waiters": st.waiters,
-        "holders": [holder_json(h) for h in st.holders],
-    }
+    """One lock in the documented JSON shape: the engine's one serializer."""
+    return st.to_json()
 
 
 def _print_json(obj: object) -> None:
@@ -272,7 +242,7 @@ def table(statuses: list[LockStatus], wide: bool) -> str:
                                      c.format_span(now - h.acquired_at))
             rows.append([
                 st.name if i == 0 else "",
-                ("stale" if h.stale else state) if i == 0 or h.stale else "",
+                ("forged" if h.forged else "stale" if h.stale else state) if i == 0 or h.stale or h.forged else "",
                 mode,
                 str(h.pid) if h.pid is not None else "?",
                 h.user or (str(h.uid) if h.uid is not None else "?"),
@@ -319,6 +289,10 @@ def cmd_status(ns: argparse.Namespace) -> int:
     stale = [s.name for s in statuses if _state(s) == "stale" or any(h.stale for h in s.holders)]
     if stale:
         out += "stale: %s (remove with 'hostlock break NAME')\n" % ", ".join(stale)
+    for s in statuses:
+        for what in [s.problem] + [h.problem for h in s.holders if h.problem and h.problem != s.problem]:
+            if what:
+                out += "%s: %s: %s\n" % ("refused" if s.state == "refused" else "warning", s.name, what)
     c.write_out(out)
     return 0
 
@@ -414,32 +388,48 @@ def cmd_release(ns: argparse.Namespace) -> int:
 
 
 def cmd_break(ns: argparse.Namespace) -> int:
-    """break: say what was removed and whether live holders remain (exit 75 if the lock is still held)."""
+    """break: say what was removed or ended and exactly what the kernel still holds (exit 75 if anything)."""
     directory = _directory(ns)
-    removed = break_lock(ns.name, directory=directory, force=ns.force)
-    # break_lock() signals live holders and returns: give them a moment to exit, so the report is true.
-    ended = {h.pid for h in removed if h.alive}
-    deadline = time.monotonic() + 5.0
-    while True:
-        st = status(ns.name, directory=directory)
-        live = [h for h in st.holders if not h.stale]
-        if not ended & {h.pid for h in live} or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
+    removed = break_lock(ns.name, directory=directory, force=ns.force)  # waits for ended holders to exit
+    st = status(ns.name, directory=directory)
+    remaining = st.holders  # stale ones too: until they are gone the lock is not free
+    left = {h.pid for h in remaining}
     if ns.json:
         _print_json({"schema": BREAK_SCHEMA, "name": ns.name, "directory": directory,
-                     "removed": [holder_json(h) for h in removed], "remaining": [holder_json(h) for h in live]})
+                     "removed": [h.to_json() for h in removed if h.pid not in left],
+                     "remaining": [h.to_json() for h in remaining], "problem": st.problem})
     else:
         out = []
         for h in removed:
-            what = "stale holder" if h.stale or h.alive is False or h.lease_expired else "live holder"
-            out.append("removed %s %s" % (what, h.describe()))
+            if h.pid in left:
+                out.append("signalled %s, but it still holds the lock" % h.describe())
+            elif h.alive is False:
+                out.append("removed stale holder %s (proven dead)" % h.describe())
+            else:
+                out.append("ended %s holder %s" % ("expired" if h.lease_expired else "live", h.describe()))
         if not removed:
             out.append("nothing to remove from %s" % ns.name)
-        for h in live:
-            out.append("still held by %s%s" % (h.describe(), "" if ns.force else " (use --force to end it)"))
+        signalled = {h.pid for h in removed}
+        for h in remaining:
+            if h.forged or h.problem:
+                why = "%s; remove %s after checking who made it" % (h.problem, st.path)
+            elif h.pid in signalled:
+                why = "it did not exit after SIGTERM"
+            elif h.verified is not True and (h.lease_expired or ns.force):
+                why = "not proven to hold the lock (%s), so not signalled" % (
+                    "it does not have the lock file open, or its uid differs" if h.verified is False else
+                    "its process cannot be examined from here")
+            else:
+                why = "use --force to end it"
+            out.append("still held by %s (%s)" % (h.describe(), why))
+        if st.problem and not remaining:
+            out.append("refused: %s%s" % (st.problem, "" if ns.force or not st.corrupt else " (add --force)"))
         c.write_out("\n".join(out) + "\n")
-    return c.EX_TEMPFAIL if live else 0
+    if remaining:
+        return c.EX_TEMPFAIL
+    if st.problem:  # the same codes `run` gives for this path: a corrupt file, or something planted there
+        return c.EX_DATAERR if st.corrupt else c.EX_NOINPUT
+    return 0
 
 
 def cmd_gc(ns: argparse.Namespace) -> int:

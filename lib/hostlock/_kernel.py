@@ -434,6 +434,8 @@ class KernelMechanism:
         head = os.pread(f.fd, HEADER_SIZE, 0)
         if not head.strip(b"\0"):
             return 1, [], []
+        if not head.startswith(b"HOSTLOCK "):
+            raise _corrupt(f.path, head)  # what wrap() refuses, status reports the same way
         slots = _header_slots(head, f.path)
         size = os.fstat(f.fd).st_size
         records = os.pread(f.fd, max(0, size - RECORD_BASE), RECORD_BASE) if size > RECORD_BASE else b""
@@ -518,11 +520,12 @@ def _header_slots(head: bytes, path: str) -> int:
 
 
 def _corrupt(path: str, head: bytes) -> Exception:
-    from ._error import LockFileError
+    from ._error import CorruptLockFile
 
-    return LockFileError("lock file %s has a corrupt header %r: it is not a hostlock file, or was overwritten."
-                         " Remove it when nothing holds it (hostlock break --force)" % (path, head[:32]),
-                         path=path)
+    name = os.path.basename(path)[:-5] if path.endswith(".lock") else os.path.basename(path)
+    return CorruptLockFile("lock file %s has a corrupt header %r: it is not a hostlock file, or was overwritten."
+                           " 'hostlock break --force %s' removes it once nothing has it open and locked"
+                           % (path, head[:32], name), path=path)
 
 
 def _pwrite(fd: int, data: bytes, offset: int, path: str) -> None:

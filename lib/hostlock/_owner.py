@@ -61,6 +61,21 @@ BOOT_ID = _boot_id()
 HOSTNAME = os.uname().nodename if hasattr(os, "uname") else ""
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace as 'dev:inode' of /proc/self/ns/pid, '' where it cannot be read.
+
+    A pid means something only in the namespace that issued it: a record from another PID namespace
+    (a container, `unshare --pid`) names a process this one cannot look up.
+    """
+    try:
+        st = os.stat("/proc/self/ns/pid")  # follows the nsfs link: its inode names the namespace
+    except OSError:
+        return ""
+    return "%x:%x" % (st.st_dev, st.st_ino)
+
+
+
+
 def cmdline(pid: int) -> str | None:
     """Live command line of `pid` (NULs become spaces), None when unreadable."""
     if _HAS_PROC:
@@ -91,12 +106,15 @@ def proc_uid(pid: int) -> int | None:
     return None
 
 
-def is_alive(pid: int, start: str | None, boot: str | None, host: str | None) -> bool | None:
+def is_alive(pid: int, start: str | None, boot: str | None, host: str | None,
+             pidns: str | None = None) -> bool | None:
     """True/False when proven, None when it cannot be told: callers treat None as alive (fail closed)."""
     if host and HOSTNAME and host != HOSTNAME:
         return None  # another host (shared filesystem): its pids mean nothing here
     if boot and BOOT_ID and boot != BOOT_ID:
         return False  # recorded before the last reboot
+    if pidns and pidns != _Self.get().pidns:
+        return None  # another PID namespace: this pid number names some other process here, or none
     if pid <= 0:
         return None
     if _HAS_PROC:
@@ -115,6 +133,29 @@ def is_alive(pid: int, start: str | None, boot: str | None, host: str | None) ->
     return current == start if start is not None else None
 
 
+def holds_open(pid: int, dev: int, ino: int) -> bool | None:
+    """Whether process `pid` has the file (dev, ino) open: the kernel's word, not a record's.
+
+    None when its descriptors cannot be read (another user's process without root, hidepid): unproven.
+    """
+    fds = "/proc/%d/fd" % pid
+    try:
+        names = os.listdir(fds)
+    except FileNotFoundError:
+        return False  # gone
+    except OSError:
+        return None
+    for n in names:
+        try:
+            # stat() follows the magic link to the open file itself (no path lookup, cannot be redirected).
+            st = os.stat("%s/%s" % (fds, n))
+        except OSError:
+            continue  # closed meanwhile
+        if st.st_ino == ino and st.st_dev == dev:
+            return True
+    return False
+
+
 def _signal_probe(pid: int) -> bool | None:
     """kill(pid, 0) when its start time cannot be read: False if gone, else None (exists, unprovable)."""
     try:
@@ -131,6 +172,7 @@ class _Self:
 
     pid = -1
     start: str | None = None
+    pidns = ""
     prefix = ""
 
     @classmethod
@@ -139,10 +181,11 @@ class _Self:
         if pid != cls.pid:
             cls.pid = pid
             cls.start = start_time(pid)
+            cls.pidns = pid_namespace()
             argv = cmdline(pid) or " ".join(sys.argv)
             cls.prefix = encode_fields({
                 "pid": pid, "start": cls.start or "", "boot": BOOT_ID, "host": HOSTNAME,
-                "uid": os.getuid(), "cmd": argv[:300],
+                "pidns": cls.pidns or None, "uid": os.getuid(), "cmd": argv[:300],
             })
         return cls
 
@@ -194,27 +237,47 @@ def parse_record(data: bytes) -> dict | None:
         return None
 
 
+# Numbers in a record are text anyone in a shared directory may have written: out-of-range ones become
+# None (unknown) instead of overflowing kill(), getpwuid() or localtime() later.
+_INT_RANGE = (-(2 ** 31), 2 ** 32)
+_TIME_RANGE = (0.0, 1e11)  # Unix seconds, to the year 5138
+
+
 def _num(fields: dict, key: str, kind: type = int) -> object:
     try:
-        return kind(fields[key]) if fields.get(key, "") != "" else None
-    except ValueError:
+        value = kind(fields[key]) if fields.get(key, "") != "" else None
+    except (ValueError, OverflowError):
         return None
+    lo, hi = _INT_RANGE if kind is int else _TIME_RANGE
+    return value if value is None or lo <= value < hi else None  # NaN fails both comparisons
 
 
 class Holder:
-    """One holder of a lock as read from its owner record, with liveness proven where possible."""
+    """One holder of a lock as read from its owner record, with liveness and holdership proven where possible.
 
-    __slots__ = ("pid", "start_time", "boot_id", "hostname", "uid", "user", "cmdline", "mode", "slot",
-                 "acquired_at", "lease_expires", "label", "job_pid", "job_cmdline", "alive", "stale",
-                 "token_id", "verified", "record_ok")
+    A record is only text, in a file others in a shared directory may write: `alive` comes from the
+    kernel's process table (pid + start time + boot id, in this PID namespace), `verified` from the kernel's
+    open files (the live process has this very lock file open and its real uid is the claimed one), and
+    `forged` from the record file's owner (the record mechanism: the kernel sets a file's owner; a record
+    claiming another uid was written by someone else). Nothing ever acts on a holder not `verified`.
+    """
 
-    def __init__(self, fields: dict | None, mode: str | None = None, slot: int | None = None) -> None:
+    __slots__ = ("pid", "start_time", "boot_id", "hostname", "pid_namespace", "uid", "user", "cmdline", "mode",
+                 "slot", "acquired_at", "lease_expires", "label", "job_pid", "job_cmdline", "alive", "stale",
+                 "token_id", "verified", "forged", "record_ok", "file_uid", "problem", "_file", "_start")
+
+    def __init__(self, fields: dict | None, mode: str | None = None, slot: int | None = None,
+                 file: tuple | None = None) -> None:
+        """`file` is (st_dev, st_ino, owner uid or None) of the lock or record file, from fstat."""
         f = fields or {}
         self.record_ok = fields is not None
         self.pid = _num(f, "pid")
-        self.start_time = _num(f, "start")
+        start = f.get("start") or ""
+        self.start_time = int(start) if start.isascii() and start.isdigit() and len(start) < 20 else None
+        self._start = f.get("start") or None
         self.boot_id = f.get("boot") or None
         self.hostname = f.get("host") or None
+        self.pid_namespace = f.get("pidns") or None
         self.uid = _num(f, "uid")
         self.user = _user(self.uid)
         self.cmdline = f.get("cmd") or None
@@ -227,21 +290,56 @@ class Holder:
         self.job_pid = _num(f, "jpid")
         self.job_cmdline = f.get("jcmd") or None
         self.token_id = f.get("tid") or None
+        self._file = file
+        self.file_uid = file[2] if file is not None and len(file) > 2 else None
         self.alive: bool | None = None
-        self.verified = False
+        self.verified: bool | None = None
+        self.forged = False
+        self.problem: str | None = None
         self.stale = False
+        if self.record_ok and self.file_uid is not None and self.uid != self.file_uid:
+            self.forged = True
+            self.verified = False
+            self.problem = ("forged record: it claims uid %s but its file belongs to uid %d, who wrote it; "
+                            "never acted upon" % (self.uid, self.file_uid))
         if isinstance(self.pid, int):
-            self.alive = is_alive(self.pid, f.get("start") or None, self.boot_id, self.hostname)
+            self.alive = self._alive()
             if self.alive:
                 live = cmdline(self.pid)
                 if live:
                     self.cmdline = live
-                # A record is only text in a shared file: check its claimed uid against the kernel's.
-                self.verified = proc_uid(self.pid) == self.uid
+                if not self.forged:
+                    self.verified = self.prove()
+            elif self.alive is False and not self.forged:
+                self.verified = False
             if self.job_pid and self.alive:
                 live = cmdline(self.job_pid)
                 if live:
                     self.job_cmdline = live
+
+    def _alive(self) -> bool | None:
+        return is_alive(self.pid, self._start, self.boot_id, self.hostname, self.pid_namespace)  # type: ignore[arg-type]
+
+    def prove(self) -> bool | None:
+        """Is the recorded process, now, the holder? True only on the kernel's evidence, re-read each call.
+
+        Its real uid must be the claimed one and it must have this lock file open (a process named by a
+        record it never wrote has not); pid + start time are checked after the descriptor scan, so a pid
+        reused meanwhile is not mistaken for the holder. None: cannot be told from here.
+        """
+        if self.forged or not isinstance(self.pid, int) or self.pid <= 0:
+            return False if self.forged else None
+        alive = self._alive()
+        if not alive:
+            return None if alive is None else False
+        if proc_uid(self.pid) != self.uid:
+            return False
+        if self._file is None:
+            return None
+        opened = holds_open(self.pid, self._file[0], self._file[1])
+        if opened and self._alive() is not True:
+            return False  # exited (and the pid maybe reused) while we looked
+        return opened
 
     @property
     def lease_expired(self) -> bool:
@@ -261,15 +359,134 @@ class Holder:
             "label %s" % self.label if self.label else "",
             "since %s" % time.strftime("%H:%M:%S", time.localtime(self.acquired_at)) if self.acquired_at else "",
         ) if x)
-        return "%s (%s)" % (who, extra)
+        return "%s (%s)%s" % (who, extra, ": FORGED" if self.forged else "")
+
+    def to_json(self) -> dict:
+        """The documented, stable JSON shape of a holder (schema hostlock.status/1, docs/cli.md): the one
+        serializer the CLI, the Ansible modules and scripts share. Keys are only ever added."""
+        return {
+            "pid": self.pid,
+            "user": self.user,
+            "uid": self.uid,
+            "mode": self.mode,
+            "slot": self.slot,
+            "cmdline": self.cmdline,
+            "job_pid": self.job_pid,
+            "job_cmdline": self.job_cmdline,
+            "label": self.label,
+            "acquired_at": self.acquired_at,
+            "lease_expires": self.lease_expires,
+            "token_id": self.token_id,
+            "alive": self.alive,
+            "stale": bool(self.stale),
+            "verified": self.verified,
+            "forged": self.forged,
+            "problem": self.problem,
+            "hostname": self.hostname,
+            "boot_id": self.boot_id,
+            "start_time": self.start_time,
+            "pid_namespace": self.pid_namespace,
+        }
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__slots__}
+        """Every attribute (the engine's internal view; to_json() is the stable shape)."""
+        d = {k: getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
         d["lease_expired"] = self.lease_expired
         return d
 
     def __repr__(self) -> str:
         return "Holder(%s)" % self.describe()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (Linux >= 5.3, Python >= 3.9): signals and waits through it reach this very
+    process even if the pid is reused meanwhile. None where unavailable or the process is gone."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None
+
+
+def _send(pid: int, pidfd: int | None, signum: int) -> None:
+    import signal  # not on the locking path: signal imports enum
+
+    sender = getattr(signal, "pidfd_send_signal", None)
+    if pidfd is not None and sender is not None:
+        sender(pidfd, signum)
+    else:
+        os.kill(pid, signum)
+
+
+def end_holders(holders: list, wait: float) -> list:
+    """SIGTERM, then SIGCONT, to each holder proven at that moment to hold the lock; wait for them to exit.
+
+    SIGCONT because a stopped holder would otherwise never act on SIGTERM (the lock would stay held while
+    we reported it ended). The proof is re-read after the pidfd is opened, so the signal reaches the
+    process proven, never a successor on a reused pid. Unproven holders are skipped, never signalled.
+    Returns the holders signalled; waits (bounded by `wait` seconds) until each has exited: on the
+    pidfds where the kernel has them (woken by the exit itself), else probing with backoff.
+    PermissionError propagates (the kernel refused: another user's process).
+    """
+    import signal
+
+    signalled = []
+    fds: list = []
+    try:
+        for h in holders:
+            fd = _pidfd(h.pid)
+            if h.prove() is not True:
+                if fd is not None:
+                    os.close(fd)
+                continue
+            try:
+                _send(h.pid, fd, signal.SIGTERM)
+                _send(h.pid, fd, signal.SIGCONT)
+            except ProcessLookupError:
+                if fd is not None:
+                    os.close(fd)
+                continue  # exited on its own in between: nothing was signalled
+            except BaseException:
+                if fd is not None:
+                    os.close(fd)
+                raise
+            signalled.append(h)
+            fds.append(fd)
+        _wait_exits(signalled, fds, time.monotonic() + max(0.0, wait))
+    finally:
+        for fd in fds:
+            if fd is not None:
+                os.close(fd)
+    return signalled
+
+
+def _wait_exits(holders: list, fds: list, deadline: float) -> None:
+    import select
+
+    poller = select.poll() if hasattr(select, "poll") else None
+    pending = []
+    for h, fd in zip(holders, fds):
+        if fd is not None and poller is not None:
+            poller.register(fd, select.POLLIN)  # a pidfd polls readable once its process has exited
+        else:
+            pending.append(h)
+    waiting = {fd for fd in fds if fd is not None} if poller is not None else set()
+    attempt = 0
+    while waiting or pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        pending = [h for h in pending if h._alive() is not False]
+        if waiting:
+            step = left if not pending else min(left, 0.0005 * (2 ** min(attempt, 7)))
+            for fd, _ev in poller.poll(max(1, int(step * 1000))):  # type: ignore[union-attr]
+                poller.unregister(fd)  # type: ignore[union-attr]
+                waiting.discard(fd)
+        elif pending:
+            time.sleep(min(left, 0.0005 * (2 ** min(attempt, 7))))
+        attempt += 1
 
 
 _USERS: dict = {}
@@ -283,6 +500,6 @@ def _user(uid: object) -> str | None:
             import pwd
 
             _USERS[uid] = pwd.getpwuid(uid).pw_name
-        except (ImportError, KeyError):
+        except (ImportError, KeyError, OverflowError, ValueError):
             _USERS[uid] = None
     return _USERS[uid]

@@ -3,12 +3,13 @@
 Files live flat in the lock directory as `NAME~...` ('~' cannot occur in a name, so no two names collide):
   NAME~owner        the exclusive holder (or a writer that waits for readers to leave)
   NAME~s<k>         the holder of semaphore slot k
-  NAME~r~<id>       one shared holder; the id (pid~start~boot~host~nonce) is unique and never reused
+  NAME~r~<id>       one shared holder; the id (pid~start~boot~host~pidns~nonce) is unique and never reused
   NAME~guard        held by the one process breaking a stale owner file
   NAME~t~<id>       a holder's file before link(2) publishes it whole
 Owner files are created by link(2), which is atomic (even on NFS) and fails if the name exists. A holder's
 file is stale only when its process is proven dead (same boot: pid gone or start time differs; another
-boot). Breaking one takes the guard first and re-checks the inode under it, so two breakers can never both
+boot); a pid from another PID namespace is never looked up here (it names another process, or none).
+Breaking one takes the guard first and re-checks the inode under it, so two breakers can never both
 win, nor can a breaker delete a fresh holder's file (proper-lockfile #121). A breaker that died holding the
 guard is itself proven dead and its guard claimed by rename to a unique name and re-checked.
 Waiting here polls with backoff (0.5 ms doubling to 50 ms): without kernel locks nothing can wake us.
@@ -22,7 +23,7 @@ import stat
 import time
 
 from ._directory import _file_error
-from ._owner import BOOT_ID, HOSTNAME, Holder, _Self, is_alive, parse_record
+from ._owner import BOOT_ID, HOSTNAME, Holder, _Self, is_alive, parse_record, record_prefix
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -34,9 +35,14 @@ _BOOT_TAG = BOOT_ID.replace("-", "")[:8]
 _HOST_TAG = HOSTNAME[:40].replace("~", "_")
 
 
+def _ns_tag(pidns: str) -> str:
+    return pidns.rsplit(":", 1)[-1]  # the namespace's inode (hex) is enough on one host
+
+
 def _identity() -> str:
     me = _Self.get()
-    return "%d~%s~%s~%s~%s" % (me.pid, me.start or "", _BOOT_TAG, _HOST_TAG, os.urandom(4).hex())
+    return "%d~%s~%s~%s~%s~%s" % (me.pid, me.start or "", _BOOT_TAG, _HOST_TAG, _ns_tag(me.pidns),
+                                  os.urandom(4).hex())
 
 
 def _id_alive(ident: str) -> bool | None:
@@ -44,6 +50,8 @@ def _id_alive(ident: str) -> bool | None:
     parts = ident.split("~")
     if len(parts) < 5:
         return None
+    if len(parts) >= 6 and parts[4] and parts[4] != _ns_tag(_Self.get().pidns):
+        return None  # another PID namespace: its pid cannot be looked up here
     try:
         pid = int(parts[0])
     except ValueError:
@@ -102,21 +110,25 @@ class RecordMechanism:
             except OSError:
                 pass
 
-    def _read(self, dirfd: int, filename: str) -> tuple[dict | None, int] | None:
-        """(fields, inode) of an owner file, or None if it is gone. Never follows a symlink."""
+    def _read(self, dirfd: int, filename: str) -> tuple | None:
+        """(fields, inode, (dev, inode, owner uid) or None, why it is refused or None) of an owner file, or
+        None if it is gone. Never follows a symlink, never blocks on a FIFO."""
         try:
             fd = os.open(filename, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
         except FileNotFoundError:
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                return ({"pid": "-1", "cmd": "<symlink planted at owner path>"}, -1)
+                return ({"pid": "-1", "cmd": "<symlink planted at owner path>"}, -1, None,
+                        "a symlink is planted at this owner path: not followed; remove it after checking who made it")
             raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                return ({"pid": "-1", "cmd": "<non-regular file planted at owner path>"}, st.st_ino)
-            return parse_record(os.read(fd, 4096)), st.st_ino
+                return ({"pid": "-1", "cmd": "<non-regular file planted at owner path>"}, st.st_ino, None,
+                        "a non-regular file (mode %o) is planted at this owner path: not opened; remove it after "
+                        "checking who made it" % st.st_mode)
+            return parse_record(os.read(fd, 4096)), st.st_ino, (st.st_dev, st.st_ino, st.st_uid), None
         finally:
             os.close(fd)
 
@@ -129,15 +141,13 @@ class RecordMechanism:
         except ValueError:
             return False
         return is_alive(pid, fields.get("start") or None, fields.get("boot") or None,
-                        fields.get("host") or None) is False
+                        fields.get("host") or None, fields.get("pidns") or None) is False
 
     def _break(self, dirfd: int, directory: str, filename: str, inode: int, shared: bool) -> bool:
         """Remove `filename` if it is still the stale inode; True if removed. Serialised by the guard."""
         base = filename.split("~", 1)[0]
         guard = base + "~guard"
-        me = _Self.get()
-        data = ("HL1|pid=%d|start=%s|boot=%s|host=%s|mode=guard\n" % (
-            me.pid, me.start or "", BOOT_ID, HOSTNAME)).encode()
+        data = record_prefix("guard") + b"\n"
         gfd = self._publish(dirfd, directory, guard, data, shared)
         if gfd is None:
             got = self._read(dirfd, guard)
@@ -270,22 +280,22 @@ class RecordMechanism:
                 slot = int(kind[1:]) if kind.startswith("s") else None
                 if slot is not None:
                     slots = max(slots, slot + 1)
-                entries.append((got[0], "shared" if kind.startswith("r~") else "exclusive", slot, n))
+                entries.append((got[0], "shared" if kind.startswith("r~") else "exclusive", slot, n, got[2], got[3]))
         return slots, entries
 
     def remove_stale(self, dirfd: int, directory: str, base: str, shared: bool) -> list:
         removed = []
-        for fields, _mode, _slot, filename in self.inspect(dirfd, base)[1]:
+        for fields, _mode, _slot, filename, _file, _planted in self.inspect(dirfd, base)[1]:
             got = self._read(dirfd, filename)
             if got and self._dead(got[0]):
                 if filename.startswith(base + "~r~"):
                     try:
                         os.unlink(filename, dir_fd=dirfd)
-                        removed.append(Holder(fields))
+                        removed.append(Holder(fields, file=got[2]))
                     except FileNotFoundError:
                         pass
                 elif self._break(dirfd, directory, filename, got[1], shared):
-                    removed.append(Holder(fields))
+                    removed.append(Holder(fields, file=got[2]))
         return removed
 
 

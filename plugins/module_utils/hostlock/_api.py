@@ -17,7 +17,7 @@ from _weakref import ref
 
 from . import _kernel
 from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file, read_marker
-from ._error import HostlockError, LockTimeout, MechanismError
+from ._error import HostlockError, LockFileError, LockTimeout, MechanismError
 from ._lockers import KERNEL as _KERNEL
 from ._lockers import locker
 from ._names import check_duration, validate_name
@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._lockers import Held
 
 MODES = ("exclusive", "shared")
+STATUS_SCHEMA = "hostlock.status/1"  # the version of LockStatus.to_json()/Holder.to_json() (docs/cli.md)
 _LIVE: dict = {}  # id -> weakref of every Lock, so a forked child can drop its copies
 
 
@@ -215,19 +216,49 @@ class Lock:
 
 
 class LockStatus:
-    """One lock as seen from outside: who holds it, how many wait, and whether anything is stale."""
+    """One lock as seen from outside: who holds it, how many wait, and whether anything is stale.
 
-    __slots__ = ("name", "directory", "path", "mechanism", "slots", "holders", "waiters", "stale")
+    `problem` says why its path was refused (a symlink, FIFO or device planted there, a corrupt header),
+    or that a holder's record is forged; status reports such a lock instead of leaving it out.
+    """
+
+    __slots__ = ("name", "directory", "path", "mechanism", "slots", "holders", "waiters", "stale", "problem",
+                 "corrupt")
 
     def __init__(self, name: str, directory: str, path: str, mechanism: str, slots: int, holders: list,
-                 waiters: int) -> None:
+                 waiters: int, problem: str | None = None, corrupt: bool = False) -> None:
         self.name, self.directory, self.path, self.mechanism = name, directory, path, mechanism
         self.slots, self.holders, self.waiters = slots, holders, waiters
         self.stale = any(h.stale for h in holders)
+        self.problem = problem or next((h.problem for h in holders if h.problem), None)
+        self.corrupt = corrupt
 
     @property
     def held(self) -> bool:
         return bool(self.holders)
+
+    @property
+    def state(self) -> str:
+        """'held' (a holder that is not stale), 'stale', 'refused' (problem at the path), or 'free'."""
+        if any(not h.stale for h in self.holders):
+            return "held"
+        if self.stale or self.holders:
+            return "stale"
+        return "refused" if self.problem else "free"
+
+    def to_json(self) -> dict:
+        """The documented, stable JSON shape of a lock (one entry of hostlock.status/1's "locks")."""
+        return {
+            "name": self.name,
+            "path": self.path,
+            "mechanism": self.mechanism,
+            "slots": self.slots,
+            "state": self.state,
+            "stale": bool(self.stale),
+            "problem": self.problem,
+            "waiters": self.waiters,
+            "holders": [h.to_json() for h in self.holders],
+        }
 
     def as_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__}
@@ -240,9 +271,16 @@ class LockStatus:
             self.name, len(self.holders), self.waiters, ", stale" if self.stale else "")
 
 
-def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel: bool) -> Holder:
-    h = Holder(fields, mode, slot)
-    h.stale = h.lease_expired or (h.alive is False and not held_by_kernel)
+def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel: bool,
+            file: tuple | None = None, planted: str | None = None) -> Holder:
+    h = Holder(fields, mode, slot, file)
+    if planted:
+        h.problem = planted
+    # Stale means break can act: a record proven dead (never one the kernel still holds), or an ended
+    # lease whose holder is not disproven. A forged record or one naming a process that does not hold the
+    # lock is not stale: break would not, and must not, act on it.
+    h.stale = not h.forged and not planted and (
+        (h.lease_expired and h.verified is not False) or (h.alive is False and not held_by_kernel))
     return h
 
 
@@ -262,7 +300,7 @@ def status(name: str, directory: str | None = None) -> LockStatus:
 def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
     if mechanism == "record":
         slots, entries = _record_mechanism().inspect(dirfd, name)
-        holders = [_holder(f, m, s, held_by_kernel=False) for f, m, s, _n in entries]
+        holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl) for f, m, s, _n, fi, pl in entries]
         return LockStatus(name, directory, os.path.join(directory, name + "~owner"), mechanism, slots, holders, 0)
     path = os.path.join(directory, name + ".lock")
     if mechanism not in _KERNEL:
@@ -271,14 +309,21 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
         fd = open_lock_file(dirfd, name + ".lock", directory, False, create=False, write=False)
     except FileNotFoundError:
         return LockStatus(name, directory, path, mechanism, 1, [], 0)
+    except LockFileError as e:  # a symlink, FIFO or device planted at the lock path: report it, never open it
+        return LockStatus(name, directory, path, mechanism, 1, [], 0, problem=str(e))
     f = _KERNEL[mechanism].file_class(fd, path)
     try:
+        st = os.fstat(fd)
         slots, entries, tickets = _KERNEL[mechanism].inspect(f)
+    except LockFileError as e:  # a corrupt header: nobody can lock it until it is removed
+        return LockStatus(name, directory, path, mechanism, 1, [], 0, problem=str(e), corrupt=True)
     finally:
         f.close()
+    # The file every holder must have open; its owner says nothing about them (all lock the same file).
+    file = (st.st_dev, st.st_ino, None)
     records = [(parse_record(r) if r else None, m, s) for r, m, s in entries]
     holding = {fields.get("q") for fields, _m, _s in records if fields}
-    holders = [_holder(fields, m, s, held_by_kernel=True) for fields, m, s in records]
+    holders = [_holder(fields, m, s, held_by_kernel=True, file=file) for fields, m, s in records]
     waiters = len([t for t in tickets if str(t) not in holding])
     return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
 
@@ -316,50 +361,92 @@ def list_locks(directory: str | None = None) -> list:
 
 
 def break_lock(name: str, directory: str | None = None, force: bool = False, wait: float = 5.0) -> list:
-    """Remove provably stale state (dead owners' files, expired leases); with force, end live holders too.
+    """Remove provably stale state (dead owners' files, ended leases); with force, end live holders too.
 
-    Ending a live holder means SIGTERM to its recorded process after re-checking pid + start time, and
-    only for holders of this user unless we are root: the kernel's kill() permission check agrees.
+    Acts on kernel facts, never on a record alone: a record is removed only when its process is proven
+    dead, and a process is signalled (SIGTERM, then SIGCONT so a stopped one acts on it) only when proven,
+    at that moment, to be the holder (alive with the recorded start time and boot id, in this PID
+    namespace, its real uid the claimed one, the lock file open). Forged and unproven records are never
+    acted upon. Only holders of this user, unless we are root: the kernel's kill() check agrees.
+    Waits up to `wait` seconds for ended holders to exit. With force, a lock file with a corrupt header is
+    removed if nobody has it locked. Returns the holders removed or ended; `status()` afterwards says
+    what the kernel still holds.
     """
-    import signal
+    from ._owner import end_holders
 
+    wait = check_duration(wait, "wait")
     st = status(name, directory)
     directory = st.directory
     acted = []
     if st.mechanism == "record":
-        dirfd = open_directory(directory)[0]
-        try:
-            acted += _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
-        finally:
-            os.close(dirfd)
+        acted += _remove_dead_records(directory, name)
+    elif st.corrupt and force:
+        _remove_corrupt(directory, name, st.mechanism)
+    targets = []
     for h in st.holders:
-        if h.alive is False or not isinstance(h.pid, int):
+        if h.forged or h.problem or h.alive is False or not isinstance(h.pid, int):
             continue
         if not (h.lease_expired or force):
             continue
         if os.geteuid() != 0 and h.uid != os.geteuid():
             raise HostlockError("lock %r in %s is held by uid %s (%s): only that user or root can break it"
                                 % (name, directory, h.uid, h.describe()), directory=directory, errno=errno.EPERM)
-        from ._owner import start_time
-
-        if h.start_time is not None and str(h.start_time) != start_time(h.pid):
-            continue  # the pid was reused: never signal a stranger
-        try:
-            os.kill(h.pid, signal.SIGTERM)
-            acted.append(h)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            raise HostlockError("not permitted to end pid %d holding lock %r: it belongs to another user"
-                                % (h.pid, name), directory=directory, errno=errno.EPERM) from None
-    # Say what was removed only once it is gone: wait (briefly) for the signalled holders to let go.
-    deadline = time.monotonic() + wait
-    signalled = {h.pid for h in acted}
-    while signalled and time.monotonic() < deadline:
-        if not signalled & {h.pid for h in status(name, directory).holders}:
-            break
-        time.sleep(0.01)
+        targets.append(h)
+    try:
+        ended = end_holders(targets, wait)
+    except PermissionError:
+        raise HostlockError("not permitted to end a holder of lock %r: it belongs to another user" % name,
+                            directory=directory, errno=errno.EPERM) from None
+    acted += ended
+    if ended and st.mechanism == "record":
+        # An ended holder that died without cleaning up leaves its owner file: proven dead now, remove it.
+        gone = {h.pid for h in ended}
+        acted += [h for h in _remove_dead_records(directory, name) if h.pid not in gone]
     return acted
+
+
+def _remove_dead_records(directory: str, name: str) -> list:
+    dirfd = open_directory(directory)[0]
+    try:
+        return _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))  # type: ignore[attr-defined]
+    finally:
+        os.close(dirfd)
+
+
+def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
+    """Unlink a lock file whose header is corrupt, only while holding a lock over the whole file.
+
+    That lock conflicts with every holder and waiter (ofd: every range; flock: the file), so a file in use
+    stays; a process that opened it before the unlink restarts on the new file (st_nlink 0).
+    """
+    import fcntl
+
+    from ._gc import _WHOLE_FILE
+    from ._kernel import CONTENTION, F_OFD_SETLK
+
+    dirfd = open_directory(directory)[0]
+    try:
+        filename = name + ".lock"
+        fd = open_lock_file(dirfd, filename, directory, False, create=False)
+        try:
+            try:
+                if mechanism == "ofd":
+                    fcntl.fcntl(fd, F_OFD_SETLK, _WHOLE_FILE)
+                else:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in CONTENTION:
+                    return  # in use: status keeps reporting it
+                raise
+            st, now = os.fstat(fd), os.stat(filename, dir_fd=dirfd, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(filename, dir_fd=dirfd)
+        finally:
+            os.close(fd)  # drops the whole-file lock, after the unlink
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dirfd)
 
 
 def _shared(dirfd: int) -> bool:

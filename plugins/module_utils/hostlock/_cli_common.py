@@ -81,6 +81,8 @@ def error_exit_code(exc: BaseException) -> int:
         return EX_USAGE
     if isinstance(exc, e.TokenError):
         return EX_NOPERM
+    if isinstance(exc, e.CorruptLockFile):
+        return EX_DATAERR  # the file exists and opens: it is its content that is wrong
     if isinstance(exc, (e.LockDirectoryError, e.LockFileError)):
         return errno_exit_code(getattr(exc, "errno", None), EX_NOINPUT)
     if isinstance(exc, e.HostlockError):
@@ -168,13 +170,15 @@ def duration_arg(value: str, option: str) -> float:
 
 
 def count_arg(value: str, option: str) -> int:
-    """Parse a positive count (slots)."""
+    """Parse a slot count: a whole number from 1 to the engine's MAX_SLOTS (a bad value is usage, exit 64)."""
+    from ._kernel import MAX_SLOTS  # already imported by the package: a module lookup
+
     try:
         n = int(value, 10)
     except ValueError:
         n = 0
-    if n < 1:
-        raise UsageError("%s: invalid count %r: use a whole number >= 1" % (option, value))
+    if not 1 <= n <= MAX_SLOTS:
+        raise UsageError("%s: invalid count %r: use a whole number from 1 to %d" % (option, value, MAX_SLOTS))
     return n
 
 

@@ -41,6 +41,10 @@ class LockFileError(HostlockError):
     """The lock path is not a regular file we may use (symlink, FIFO, device, unreadable)."""
 
 
+class CorruptLockFile(LockFileError):
+    """A lock file whose header is not hostlock's (overwritten, or another program's file): exit 65."""
+
+
 class TokenError(HostlockError):
     """A lease token that is malformed, wrong, or whose lease already ended.
 

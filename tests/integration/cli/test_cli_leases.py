@@ -81,7 +81,7 @@ def test_break_leaves_a_live_holder_without_force_and_ends_it_with_force(cli, le
     assert len(cli.holders("deploy")) == 1
     r = cli.run("break", "deploy", "--force")
     assert r.returncode == 0, r
-    assert "removed live holder" in r.stdout
+    assert "ended live holder" in r.stdout
     assert cli.is_free("deploy")
 
 
@@ -110,12 +110,14 @@ def test_status_json_schema(cli):
     doc = cli.status()
     assert doc["schema"] == "hostlock.status/1" and doc["directory"] == cli.lockdir
     (lock,) = doc["locks"]
-    assert set(lock) == {"name", "path", "mechanism", "slots", "state", "stale", "waiters", "holders"}
+    assert set(lock) == {"name", "path", "mechanism", "slots", "state", "stale", "problem", "waiters", "holders"}
     assert (lock["name"], lock["slots"], lock["state"], lock["waiters"]) == ("sem", 3, "held", 0)
     assert set(lock["holders"][0]) == {
         "pid", "user", "uid", "mode", "slot", "cmdline", "job_pid", "job_cmdline", "label", "acquired_at",
-        "lease_expires", "token_id", "alive", "stale", "hostname", "boot_id", "start_time",
+        "lease_expires", "token_id", "alive", "stale", "verified", "forged", "problem", "hostname", "boot_id",
+        "start_time", "pid_namespace",
     }
+    assert lock["holders"][0]["verified"] is True and lock["holders"][0]["forged"] is False
 
 
 def test_status_counts_waiters(cli):

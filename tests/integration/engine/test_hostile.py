@@ -43,8 +43,8 @@ def test_fifo_at_lock_path_is_refused_without_blocking(lockdir):
     os.mkfifo(os.path.join(lockdir, "f.lock"))
     with pytest.raises(hostlock.LockFileError, match="not a regular file"):
         hostlock.Lock("f", directory=lockdir).acquire(timeout=0)
-    with pytest.raises(hostlock.LockFileError):
-        hostlock.status("f", lockdir)
+    st = hostlock.status("f", lockdir)  # reported, never opened: status shows what is planted
+    assert st.state == "refused" and "not a regular file" in st.problem and st.holders == []
 
 
 def test_directory_that_is_a_symlink_is_refused(tmp_path):
