@@ -9,10 +9,11 @@ import sys
 import time
 
 import pytest
-from conftest import LIB, wait_until
+from conftest import wait_until
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 from engine_helpers import (  # noqa: E402
+    LIB,
     as_member,
     needs_users,
     shared_group,  # noqa: F401 - fixture
