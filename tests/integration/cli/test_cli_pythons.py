@@ -47,3 +47,16 @@ def test_the_command_on(version, tmp_path):
     p.wait()
     wait_until(lambda: not pid_alive(job), 5, "the job to die with hostlock")
     assert run("run", "-n", "b", "true").returncode == 0
+    # hostlock flock and status --path (flock(2), OFD --fcntl, the SIGALRM-bounded wait, /proc parsing)
+    lock = tmp_path / "f.lock"
+    h = subprocess.Popen([hl, "flock", "-s", str(lock), "sh", "-c", "echo held; exec cat"], env=env,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert h.stdout.readline() == "held\n"
+    assert run("flock", "-w", "0.1", str(lock), "true").returncode == 1
+    assert run("flock", "-s", "-n", str(lock), "-c", "exit 5").returncode == 5
+    assert run("flock", "--fcntl", "-n", str(lock), "true").returncode == 0
+    r = run("status", "--path", str(lock), "--json")
+    assert [lk["mode"] for lk in json.loads(r.stdout)["locks"]] == ["shared"]
+    assert run("run", "-n", "-E", "9", "--path", str(lock), "true").returncode == 9
+    h.stdin.close()
+    assert h.wait(timeout=30) == 0
