@@ -223,6 +223,19 @@ def test_no_fork_execs_in_place(tool, launcher, tmp_path):
         assert p.wait(timeout=30) == 0
 
 
+@pytest.mark.parametrize("no_fork", [[], ["-F"]], ids=["fork", "no-fork"])
+def test_command_gets_default_sigpipe(no_fork, launcher, tmp_path):
+    """The command dies of SIGPIPE when its reader goes (Python ignores SIGPIPE; the command must not)."""
+    codes = []
+    for tool in TOOLS:
+        side = Side(tool, launcher, tmp_path)
+        r = subprocess.run(["bash", "-c", '"$@" | head -c1 >/dev/null; echo "${PIPESTATUS[0]}"', "-",
+                            *side.words(no_fork + ["FILE", "yes"])], capture_output=True, text=True, check=True,
+                           timeout=60, env=side.env)
+        codes.append(r.stdout.strip())
+    assert codes == ["141", "141"]
+
+
 def test_shell_is_taken_from_SHELL(launcher, tmp_path):
     """-c runs through $SHELL as flock(1) does (docs/cli.md used to say /bin/sh)."""
     fake = tmp_path / "fakeshell"
