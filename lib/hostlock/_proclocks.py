@@ -188,8 +188,8 @@ def locks_on(st_dev: int, st_ino: int, proc: str = "/proc") -> list[KernelLock]:
 
 def describe(lk: KernelLock) -> str:
     """'flock exclusive held by pid 12 (fd 3): hostlock flock /x sleep 9; job pid 13: sleep 9'."""
-    span = "" if lk.start == 0 and lk.end is None else " bytes %d-%s" % (lk.start, "EOF" if lk.end is None
-                                                                       else lk.end)
+    last = "EOF" if lk.end is None else str(lk.end)
+    span = "" if lk.start == 0 and lk.end is None else " bytes %d-%s" % (lk.start, last)
     what = "%s %s%s %s" % (lk.kind, lk.mode, span, "waited for by" if lk.waiting else "held by")
     if not lk.holders:
         return "%s an unknown process (pid %d: not visible to this user)" % (what, lk.pid)

@@ -446,8 +446,8 @@ def cmd_gc(ns: argparse.Namespace) -> int:
         return 0
     pruned = [e for e in entries if e["action"] != "kept"]
     out = "".join("%s %s (unused for %s)\n" % (e["action"], e["name"], c.format_span(e["idle"])) for e in pruned)
-    out += "%s: %d of %d lock file(s) %s\n" % (directory, len(pruned), len(entries),
-                                                "removable" if ns.dry_run else "removed")
+    out += "%s: %d of %d lock file(s) %s\n" % (
+        directory, len(pruned), len(entries), "removable" if ns.dry_run else "removed")
     c.write_out(out)
     return 0
 

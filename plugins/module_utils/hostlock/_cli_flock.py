@@ -338,6 +338,10 @@ def run_command(o: Options, fd: int) -> int:
         from ._cli_run import _execvp
 
         os.set_inheritable(fd, True)  # the exec'd command is the holder now
+        # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, and the command
+        # expects the defaults (`hostlock flock -F f yes | head` must end `yes` by SIGPIPE).
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         try:
             _execvp(o.command)
         except OSError as exc:

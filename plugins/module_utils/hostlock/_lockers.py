@@ -166,4 +166,3 @@ def locker(mechanism: str, directory: str, name: str, slots: int, shared_dir: bo
     if mechanism == "record":
         return RecordLocker(directory, name, slots, shared_dir)
     return KernelLocker(mechanism, directory, name, slots, shared_dir)
-
