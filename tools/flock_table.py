@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Print docs/cli.md's "hostlock flock and flock(1), side by side" table from what the tests prove.
 
 The rows are the CASES and CONFLICTS lists of tests/integration/cli/test_cli_flock.py (read with ast, so

@@ -150,7 +150,7 @@ def _timeout_arg(value: str) -> float:
             seconds = float.fromhex(text) if text.lower().lstrip("+-").startswith("0x") else float("nan")
         except ValueError:
             seconds = float("nan")
-    if seconds != seconds or seconds in (float("inf"), float("-inf")) or not text:
+    if not text or not -1e18 < seconds < 1e18:  # NaN compares false: refused with the infinities
         raise _Exit(_bad("invalid timeout value: '%s'" % value))
     return seconds
 
