@@ -25,7 +25,7 @@ EX_OSERR = 71  # operating-system error (out of memory, out of descriptors, fork
 EX_CANTCREAT = 73  # read-only file system, disk full
 EX_TEMPFAIL = 75  # default exit code on conflict: "did not run, try later" (lckdo's choice; flock: -E 1)
 EX_NOPERM = 77  # wrong or expired lease token; another user's lock
-EX_TIMEOUT = 124  # the job ran longer than --timeout (timeout(1)'s code)
+EX_TIMEOUT = 124  # the job ran longer than --time-limit (timeout(1)'s code)
 
 CONFLICT_DEFAULT = EX_TEMPFAIL
 

@@ -30,12 +30,12 @@ _hostlock() {
     local opts
     case ${words[1]} in
         run) opts="--path -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
-                   -d --dir --mechanism --label -c --command --timeout --kill-after --process-group -q --quiet
+                   -d --dir --mechanism --label -c --command --time-limit --kill-after --process-group -q --quiet
                    -v --verbose -h --help" ;;
         flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
                      -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
                      --verbose -h --help -V --version" ;;
-        cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --timeout
+        cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --time-limit
                     --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
                     --process-group -c --command -v --verbose -h --help" ;;
         status) opts="--path --json --wide -d --dir -h --help" ;;
@@ -61,7 +61,7 @@ _hostlock() {
         --on-conflict)
             mapfile -t COMPREPLY < <(compgen -W "quiet report fail" -- "$cur")
             return ;;
-        -w | --wait | --timeout | --kill-after | --lease | --older-than | -E | --conflict-exit-code | --slots \
+        -w | --wait | --timeout | --time-limit | --kill-after | --lease | --older-than | -E | --conflict-exit-code | --slots \
             | --label | -c | --command | --start | --length | --name | --syslog-socket)
             return ;;
     esac

@@ -61,7 +61,8 @@ lock options:
                            fcntl locks), excluding flock(1) users of FILE; 'status --path FILE' shows it
 job options:
   -c, --command CMD        run CMD with /bin/sh -c
-  --timeout DURATION       the most the job may run: then SIGTERM, exit code 124
+  --time-limit DURATION    the most the job may run: then SIGTERM, exit code 124 (--timeout is
+                           refused: in flock(1) it means --wait)
   --kill-after DURATION    SIGKILL this long after the timeout's SIGTERM (default 10s)
   --process-group MODE     auto (default: own group unless in a terminal's foreground), new, same
 other:
@@ -69,7 +70,7 @@ other:
   -v, --verbose            say what happens, on stderr
   -h, --help               show this help
 
-exit status: the job's own status; 128+N if it died of signal N; 124 after --timeout; the conflict code
+exit status: the job's own status; 128+N if it died of signal N; 124 after --time-limit; the conflict code
 (-E, default 75) if the lock was busy; 64 usage; 65 lock error; 66 cannot open the lock file or
 directory; 69 cannot execute the command; 71 OS error; 73 read-only or full file system.
 """
@@ -89,7 +90,7 @@ signal, timeout) they are printed followed by one line with the status, so cron 
                            exit code on conflict, overriding the on-conflict default
   -w, --wait DURATION      wait up to DURATION for the other copy (default: do not wait)
   -n, --nb, --nonblock     do not wait (default)
-  --timeout DURATION       the most the job may run: then SIGTERM, SIGKILL after --kill-after (10s)
+  --time-limit DURATION    the most the job may run: then SIGTERM, SIGKILL after --kill-after (10s)
   --kill-after DURATION
   --syslog                 write one line per run to syslog (/dev/log): started job's result or skip
   --syslog-socket PATH     syslog socket to use (implies --syslog)
@@ -98,7 +99,7 @@ signal, timeout) they are printed followed by one line with the status, so cron 
   -v, --verbose            say what happens, on stderr (cron mails it)
   -h, --help               show this help
 
-exit status: as for run (the job's status, 128+N, 124 after --timeout), and on conflict 0 (quiet, report)
+exit status: as for run (the job's status, 128+N, 124 after --time-limit), and on conflict 0 (quiet, report)
 or 75 (fail), or -E CODE.
 """
 
@@ -146,7 +147,8 @@ _RUN_SPEC = {
     "--label": ("label", True),
     "--path": ("path", True),
     "-c": ("shell", True), "--command": ("shell", True),
-    "--timeout": ("timeout", True),
+    "--time-limit": ("timeout", True),
+    "--timeout": ("timeout_refused", True),
     "--kill-after": ("kill_after", True),
     "--process-group": ("pgroup", True),
     "-q": ("quiet", False), "--quiet": ("quiet", False),
@@ -203,6 +205,12 @@ def parse(args: list[str], cron: bool) -> Options:
             if o.shell is not None:
                 raise c.UsageError("%s given twice" % opt, command)
             o.shell = value
+        elif key == "timeout_refused":
+            # flock(1)'s --timeout waits for the lock; ours used to limit the job's run time. Accepting
+            # either meaning silently would change what a migrated script or an old cron line does.
+            raise c.UsageError("%s is ambiguous: flock(1)'s --timeout waits for the lock (use -w/--wait "
+                               "%s); to limit the job's run time use --time-limit %s" % (opt, value, value),
+                               command)
         elif key == "timeout":
             o.timeout = c.duration_arg(value or "", opt)
             if o.timeout <= 0:
@@ -416,7 +424,7 @@ class Outcome:
         self.tty_sigint = tty_sigint  # a keyboard SIGINT reached us (and the job) from the terminal
 
     def exit_code(self) -> int:
-        """flock(1)'s convention: the job's status, 128+N for signal N; 124 after --timeout."""
+        """flock(1)'s convention: the job's status, 128+N for signal N; 124 after --time-limit."""
         if self.timed_out:
             return c.EX_TIMEOUT
         if os.WIFSIGNALED(self.status):
@@ -444,7 +452,7 @@ def _signame(sig: int) -> str:
 
 
 def supervise(lock: Lock, o: Options, out_fd: int | None = None) -> Outcome:
-    """Fork and exec the job, forward signals, enforce --timeout, reap it; the lock stays held throughout."""
+    """Fork and exec the job, forward signals, enforce --time-limit, reap it; the lock stays held throughout."""
     argv = o.command
     new_group = o.pgroup == "new" or (o.pgroup == "auto" and not _in_terminal_foreground())
     prctl = _prctl()

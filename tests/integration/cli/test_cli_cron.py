@@ -29,7 +29,7 @@ def test_failure_prints_the_captured_output_in_order_then_the_status(cli):
 
 def test_a_large_output_does_not_block_the_job(cli):
     # 4 MB: a pipe (64 KB) would block the job until someone read it; the unlinked file does not.
-    r = cli.run("cron", "--timeout", "20", "-c", "head -c 4000000 /dev/zero | tr '\\0' x; exit 1")
+    r = cli.run("cron", "--time-limit", "20", "-c", "head -c 4000000 /dev/zero | tr '\\0' x; exit 1")
     assert r.returncode == 1
     assert len(r.stdout) == 4000000
 
@@ -42,7 +42,7 @@ def test_a_signal_death_is_a_failure(cli):
 
 def test_timeout_is_a_failure_with_124(cli):
     t0 = time.monotonic()
-    r = cli.run("cron", "--timeout", "0.3", "-c", "echo started; sleep 30")
+    r = cli.run("cron", "--time-limit", "0.3", "-c", "echo started; sleep 30")
     assert r.returncode == 124 and time.monotonic() - t0 < 5
     assert r.stdout == "started\n" and "timed out" in r.stderr
 

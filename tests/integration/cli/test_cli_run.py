@@ -242,12 +242,12 @@ def test_no_lock_descriptor_reaches_the_job(cli):
     assert cli.lockdir not in r.stdout
 
 
-# ----------------------------------------------------------------------------------------- --timeout
+# -------------------------------------------------------------------------------------- --time-limit
 
 
 def test_timeout_terms_the_job_and_exits_124(cli):
     t0 = time.monotonic()
-    r = cli.run("run", "--timeout", "300ms", "a", "sleep", "30")
+    r = cli.run("run", "--time-limit", "300ms", "a", "sleep", "30")
     assert r.returncode == 124
     assert time.monotonic() - t0 < 5
     assert cli.is_free("a")
@@ -256,7 +256,7 @@ def test_timeout_terms_the_job_and_exits_124(cli):
 def test_timeout_kills_after_kill_after_when_term_is_ignored(cli, tmp_path):
     pids = tmp_path / "pids"
     t0 = time.monotonic()
-    r = cli.run("run", "--timeout", "0.3", "--kill-after", "0.3", "-v", "a", "-c",
+    r = cli.run("run", "--time-limit", "0.3", "--kill-after", "0.3", "-v", "a", "-c",
                 f"trap '' TERM; sleep 60 & echo $! > {pids}; while :; do sleep 0.05; done")
     assert r.returncode == 124
     assert time.monotonic() - t0 < 5
@@ -266,7 +266,7 @@ def test_timeout_kills_after_kill_after_when_term_is_ignored(cli, tmp_path):
 
 
 def test_a_job_that_finishes_in_time_keeps_its_status(cli):
-    assert cli.run("run", "--timeout", "10", "a", "sh", "-c", "exit 5").returncode == 5
+    assert cli.run("run", "--time-limit", "10", "a", "sh", "-c", "exit 5").returncode == 5
 
 
 # ----------------------------------------------------------------------------------------- a terminal

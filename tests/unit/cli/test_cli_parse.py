@@ -49,7 +49,7 @@ def test_wait_spellings(args, expected):
 
 
 def test_long_options_may_be_abbreviated_when_unique():
-    o = parse("--excl", "--time=3", "--kill=1", "--verb", "n", "x")
+    o = parse("--excl", "--time-l=3", "--kill=1", "--verb", "n", "x")
     assert (o.mode, o.timeout, o.kill_after, o.verbose) == ("exclusive", 3.0, 1.0, True)
     with pytest.raises(c.UsageError, match="ambiguous"):
         parse("--s", "n", "x")  # --shared, --slots
@@ -67,7 +67,9 @@ def test_flock_long_names():
         (["n"], "missing COMMAND"),
         (["-q=1", "n", "x"], "unknown option -="),
         (["--quiet=1", "n", "x"], "takes no value"),
-        (["--timeout", "0", "n", "x"], "more than 0"),
+        (["--time-limit", "0", "n", "x"], "more than 0"),
+        (["--timeout", "5", "n", "x"], "use -w/--wait 5"),
+        (["--time", "5", "n", "x"], "ambiguous"),
         (["--process-group", "mine", "n", "x"], "invalid mode"),
         (["--mechanism", "lockf", "n", "x"], "invalid mechanism"),
         (["-c", "a", "-c", "b", "n"], "given twice"),
