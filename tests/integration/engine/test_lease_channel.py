@@ -1,0 +1,199 @@
+"""The lease control channel against hostile peers: another user (uid 65534, run with setpriv) and garbage.
+
+Issue 8: any local user could end any lease by connecting to the holder's abstract socket and closing it,
+and a flood of idle connections made the owner's own release fail. Each test attacks a live lease with
+real processes, then proves the owner's renew and release still work at once and the lock stayed held.
+Attackers report READY once their connections are made (and hold them until told), never a sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+import hostlock
+from hostlock import _lease
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+PYTHON = "/usr/bin/python3"  # the attacker needs no hostlock: plain sockets, readable by nobody
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(PYTHON),
+                                reason="needs root, setpriv and %s to run an attacker as another user" % PYTHON)
+
+ATTACK = textwrap.dedent(r"""
+    import os, socket, sys
+    address, mode, count = sys.argv[1].encode().decode("unicode_escape"), sys.argv[2], int(sys.argv[3])
+    keep, refused = [], 0
+    for i in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(address)
+        except OSError:
+            refused += 1
+            s.close()
+            continue
+        try:
+            if mode == "close":        # connect and hang up before any answer (the BrokenPipe of issue 8)
+                s.close()
+                continue
+            if mode == "partial":      # half a request, never finished
+                s.send(b"HL2 release victim ")
+            elif mode == "garbage":    # binary junk, an endless line, a forged request with a wrong proof
+                s.send([os.urandom(64) + b"\n", b"x" * 4000, b"HL2 release victim " + b"0" * 32 + b" - "
+                        + b"f" * 64 + b"\n", b"\xff\xfe\n"][i % 4])
+            elif mode == "reset":      # unread data at close makes the kernel reset the connection
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+                s.send(b"HL2 renew victim ")
+                s.close()
+                continue
+        except OSError:
+            pass
+        keep.append(s)                 # "hang" keeps the connection open and idle
+    print("READY %d %d" % (len(keep), refused), flush=True)
+    sys.stdin.read()                   # hold every connection until the test says so
+""")
+
+
+def _attack(address: str, mode: str, count: int, as_nobody: bool = True) -> subprocess.Popen:
+    argv = [PYTHON, "-I", "-c", ATTACK, address.encode("unicode_escape").decode(), mode, str(count)]
+    p = subprocess.Popen((NOBODY if as_nobody else []) + argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert line.startswith("READY"), (line, p.stderr.read() if p.poll() is not None else "")
+    return p
+
+
+def _end(p: subprocess.Popen) -> None:
+    p.stdin.close()
+    p.wait(timeout=30)
+
+
+@pytest.fixture
+def victim(lockdir):
+    """A live 10-minute lease on "victim"; yields (token, its control address)."""
+    token = hostlock.hold("victim", lease=600, directory=lockdir)
+    yield token, _lease._address(lockdir, token.split(".")[0])
+    try:
+        hostlock.release("victim", token, lockdir)
+    except hostlock.TokenError:
+        pass
+
+
+def _still_held_and_owner_in_control(lockdir: str, token: str) -> None:
+    (h,) = hostlock.holders("victim", lockdir)
+    assert h.alive and h.token_id == token.split(".")[0]
+    with pytest.raises(hostlock.LockTimeout):
+        hostlock.Lock("victim", directory=lockdir).acquire(timeout=0)
+    expires = hostlock.renew("victim", token, lease=300, directory=lockdir)
+    assert 250 < expires - time.time() <= 300.01  # expiry is kept to the millisecond
+    hostlock.release("victim", token, lockdir)
+    assert hostlock.holders("victim", lockdir) == []
+    hostlock.Lock("victim", directory=lockdir).acquire(timeout=0).release()
+
+
+@pytest.mark.parametrize("mode", ["close", "reset", "hang", "partial", "garbage"])
+def test_another_user_cannot_end_or_stall_a_lease(victim, lockdir, mode):
+    token, address = victim
+    attacker = _attack(address, mode, 500 if mode == "hang" else 100)
+    try:
+        # The owner's requests queue behind every attacking connection (accept is first come, first
+        # served), so by the time renew answers, the holder has dealt with all of them.
+        _still_held_and_owner_in_control(lockdir, token)
+    finally:
+        _end(attacker)
+
+
+def test_another_user_with_the_right_token_is_refused_before_a_byte_is_read(victim, lockdir):
+    token, address = victim
+    code = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1].encode()"
+            ".decode('unicode_escape')); print(s.recv(200).decode().strip())")
+    out = subprocess.run(NOBODY + [PYTHON, "-I", "-c", code, address.encode("unicode_escape").decode()],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.strip() == "ERR refused: not the lease holder's user"
+    # The whole client, as nobody, holding the real token: refused (not "gone"), and the lease lives.
+    client = ("import sys; sys.path.insert(0, sys.argv[1]); import hostlock\n"
+              "try:\n    hostlock.release('victim', sys.argv[2], sys.argv[3])\n"
+              "except hostlock.TokenError as e:\n    print(e.reason, e)\n")
+    r = subprocess.run(NOBODY + [PYTHON, "-I", "-c", client, os.path.dirname(os.path.dirname(hostlock.__file__)),
+                                 token, lockdir], capture_output=True, text=True, timeout=30)
+    assert r.stdout.startswith("refused ") and "not the lease holder's user" in r.stdout, r
+    _still_held_and_owner_in_control(lockdir, token)
+
+
+def test_wrong_secret_is_refused_distinct_from_gone_and_malformed(victim, lockdir):
+    token, _address = victim
+    tid, secret = token.split(".")
+    for bad in (tid + "." + "0" * 32, tid + "." + secret[::-1], tid + "." + secret[:-1] + "x"):
+        with pytest.raises(hostlock.TokenError) as e:
+            hostlock.renew("victim", bad, directory=lockdir)
+        if bad.endswith("x"):
+            assert e.value.reason == "malformed"
+        else:
+            assert e.value.reason == "refused" and "wrong token" in str(e.value)
+    with pytest.raises(hostlock.TokenError) as e:
+        hostlock.release("victim", "%012x.%s" % (int(tid, 16) ^ 1, secret), lockdir)
+    assert e.value.reason == "gone"  # nobody answers at that id
+    _still_held_and_owner_in_control(lockdir, token)
+
+
+def test_a_flood_by_the_holders_own_uid_cannot_crowd_out_the_owner(victim, lockdir):
+    """Even peers the holder trusts (its uid, root) are bounded: idle ones beyond the limit are dropped."""
+    token, address = victim
+    idle = _attack(address, "hang", 300, as_nobody=False)
+    junk = _attack(address, "garbage", 100, as_nobody=False)
+    half = _attack(address, "partial", 100, as_nobody=False)
+    try:
+        _still_held_and_owner_in_control(lockdir, token)
+    finally:
+        for p in (idle, junk, half):
+            _end(p)
+
+
+def test_whoever_takes_the_name_after_the_holder_ends_learns_nothing_and_fakes_nothing(lockdir):
+    token = hostlock.hold("victim", lease=600, directory=lockdir)
+    tid, secret = token.split(".")
+    address = _lease._address(lockdir, tid)
+    hostlock.release("victim", token, lockdir)
+    squat = textwrap.dedent(r"""
+        import socket, sys
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(sys.argv[1].encode().decode("unicode_escape"))
+        s.listen(8)
+        print("READY", flush=True)
+        for _ in range(2):
+            c = s.accept()[0]
+            print(c.recv(4096).decode("ascii", "replace").strip(), flush=True)
+            c.sendall(b"OK 99999999999.000 " + b"0" * 64 + b"\n")  # a forged renewal
+            c.close()
+    """)
+    p = subprocess.Popen(NOBODY + [PYTHON, "-I", "-c", squat, address.encode("unicode_escape").decode()],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "READY", p.stderr.read() if p.poll() is not None else ""
+        with pytest.raises(hostlock.TokenError) as e:
+            hostlock.renew("victim", token, directory=lockdir)
+        assert e.value.reason == "gone"  # not a renewal the squatter could not prove
+        with pytest.raises(hostlock.TokenError) as e:
+            hostlock.release("victim", token, lockdir)
+        assert e.value.reason == "gone"
+        seen = p.stdout.read()
+        assert secret not in seen and "renew victim" in seen and "release victim" in seen
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_holder_itself_refuses_a_renewal_past_the_limit(victim, lockdir):
+    token, address = victim
+    with pytest.raises(hostlock.TokenError) as e:
+        _lease._request("victim", token, lockdir, "renew", "1e10")  # past the client's own check
+    assert e.value.reason == "refused" and "at most" in str(e.value)
+    with pytest.raises(hostlock.TokenError) as e:
+        _lease._request("victim", token, lockdir, "renew", "nan")
+    assert e.value.reason == "refused"
+    _still_held_and_owner_in_control(lockdir, token)
