@@ -5,13 +5,27 @@
 hold() forks a detached holder (new session, double fork, every inherited descriptor closed, stdio on
 /dev/null, so it never keeps an SSH connection or a module's pipes open). The holder takes the lock, then
 keeps it until release(), until the lease ends, or until it is killed; kernel locks then free at once.
-Control goes through a Unix socket named by the token's public id; only the secret half of the token
-may renew or release, and a holder signalled by another user is protected by kill()'s own checks.
+
+The control channel is a Unix socket named by the token's public id, which status shows to anyone, so
+it is built to survive everyone who can reach it (docs/security.md, "Leases"):
+- On Linux the name is in the abstract namespace (it vanishes with the holder: nothing to clean up after
+  SIGKILL, no directory another user could squat or swap), bound before the id is published anywhere, so
+  nobody can take the name first. Any local user can connect to it: the holder checks SO_PEERCRED at
+  accept and closes every peer that is neither its own uid nor root before reading a byte.
+- Requests and answers are proven with HMAC-SHA256 keyed by the token's secret, which never crosses the
+  socket: the holder compares the request's proof with hmac.compare_digest; the client accepts an "OK"
+  only with the holder's proof over its fresh nonce, so a process that binds the name after the holder
+  died can neither learn the secret nor fake a renewal.
+- The holder is one non-blocking selector loop: each connection has a deadline and a size bound, every
+  socket error ends only that connection, at most _MAX_CONNECTIONS idle peers are kept (the oldest are
+  told BUSY and dropped; the client then retries), and nothing a peer does can block the loop.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import os
 import sys
 import time
@@ -20,12 +34,22 @@ from ._error import HostlockError, LockTimeout, TokenError
 from ._names import check_duration, validate_name
 
 _SOCKET_PREFIX = "\0hostlock-lease/"  # Linux abstract namespace: no file to clean up after a SIGKILL
+_PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
+_MAX_REQUEST = 512  # bytes: a request is one short line; longer is garbage
+_REQUEST_SECONDS = 5.0  # a peer gets this long to send its whole request
+_MAX_CONNECTIONS = 64  # idle peers kept at once (only the holder's uid and root get this far)
+_CLIENT_SECONDS = 10.0  # the most renew()/release() wait for a holder that does not answer
 
 
 def _address(directory: str, token_id: str) -> str:
     if sys.platform.startswith("linux"):
         return _SOCKET_PREFIX + token_id
     return os.path.join(directory, ".lease-%s.sock" % token_id)
+
+
+def _proof(secret: str, kind: str, text: str) -> str:
+    """HMAC-SHA256 of `text` under the token's secret; `kind` keeps request and answer proofs apart."""
+    return hmac.new(secret.encode(), ("hostlock-lease %s\0%s" % (kind, text)).encode(), hashlib.sha256).hexdigest()
 
 
 def _split(token: object) -> tuple[str, str]:
@@ -99,9 +123,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
 
 def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: str, timeout: float | None,
             mechanism: str, label: str | None, token_id: str, secret: str) -> None:  # pragma: no cover
-    import hmac
     import signal
-    import socket
 
     os.write(w, b"PID %d\n" % os.getpid())
     os.chdir("/")
@@ -128,9 +150,12 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a peer that hangs up is that connection's problem
     from ._api import Lock
 
     try:
+        # Bind before the record below publishes the id: nobody can take the name first and answer for us.
+        sock = _listen(directory, token_id)
         lock = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
         expires = time.time() + lease
         lock.update_record(lease="%.3f" % expires, tid=token_id)
@@ -141,52 +166,13 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
             return
         expires = time.time() + lease
         lock.update_record(lease="%.3f" % expires)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(_address(directory, token_id))
-        sock.listen(4)
     except BaseException as e:  # noqa: BLE001 - reported to hold() as one line
         report("ERR %s" % e)
         return
     report("OK %.3f" % expires)
     os.close(w)
-    deadline = time.monotonic() + lease
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            sock.settimeout(left)
-            try:
-                conn = sock.accept()[0]
-            except socket.timeout:
-                continue
-            with conn:
-                conn.settimeout(2.0)
-                try:
-                    words = conn.recv(4096).decode("utf-8", "replace").split()
-                except OSError:
-                    continue
-                if len(words) < 3 or words[1] != name or not hmac.compare_digest(words[2], secret):
-                    conn.sendall(b"ERR wrong token\n")
-                    continue
-                if words[0] == "release":
-                    # Unlock first, then answer: when release() returns, the lock is free.
-                    sock.close()
-                    lock.release()
-                    conn.sendall(b"OK\n")
-                    break
-                if words[0] == "renew":
-                    try:
-                        more = check_duration(float(words[3]), "lease", positive=True) if len(words) > 3 else lease
-                    except ValueError as e:
-                        conn.sendall(b"ERR %s\n" % str(e).encode())
-                        continue
-                    deadline = time.monotonic() + more
-                    expires = time.time() + more
-                    lock.update_record(lease="%.3f" % expires)
-                    conn.sendall(b"OK %.3f\n" % expires)
-                else:
-                    conn.sendall(b"ERR unknown request\n")
+        _Channel(sock, lock, name, secret, lease).serve()
     finally:
         sock.close()  # stop answering first, so nobody reaches a holder that no longer holds
         lock.release()
@@ -197,44 +183,267 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                 pass
 
 
-def _request(name: str, token: str, directory: str | None, words: str) -> str:
+def _listen(directory: str, tid: str) -> object:
     import socket
 
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address = _address(directory, tid)
+    # Where there is no SO_PEERCRED (no abstract namespace either), the socket file's mode does its job:
+    # only our uid and root may connect to a 0600 socket.
+    old = os.umask(0o177)
+    try:
+        sock.bind(address)
+    finally:
+        os.umask(old)
+    # A deep backlog: connections of other users wait there only until the next accept round drops them.
+    sock.listen(socket.SOMAXCONN)
+    sock.setblocking(False)
+    return sock
+
+
+def _peer_uid(conn: object) -> int | None:
+    """The connecting process's uid as the kernel saw it at connect(); None where it cannot say."""
+    import socket
+    import struct
+
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    size = struct.calcsize("3i")  # struct ucred: pid, uid, gid
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]  # type: ignore[attr-defined]
+
+
+def _send_once(conn: object, data: bytes) -> None:
+    """One non-blocking send; a peer that went away or does not read loses its answer, nothing more.
+
+    Each connection gets one line of under 200 bytes into an empty socket buffer, so a send that does not
+    fail writes it whole: there is no partial answer to keep and no slow reader to wait for.
+    """
+    import socket
+
+    try:
+        conn.send(data, socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))  # type: ignore[attr-defined]
+    except OSError:
+        pass
+
+
+class _Channel:
+    """The holder's side of the control channel: one non-blocking selector loop until release or expiry."""
+
+    def __init__(self, sock: object, lock: object, name: str, secret: str, lease: float) -> None:
+        import selectors
+
+        self._events = selectors.EVENT_READ
+        self.sel = selectors.DefaultSelector()
+        self.sock = sock
+        self.sel.register(sock, self._events)
+        self.conns: dict = {}  # socket -> [bytes so far, deadline]; insertion order is arrival order
+        self.lock, self.name, self.secret, self.lease = lock, name, secret, lease
+        self.deadline = time.monotonic() + lease
+        self.trusted = {os.getuid(), 0}  # whoever could signal the holder anyway
+        self.done = False
+
+    def serve(self) -> None:
+        while not self.done:
+            now = time.monotonic()
+            if now >= self.deadline:
+                return
+            wake = min([self.deadline] + [c[1] for c in self.conns.values()])
+            # wake - now <= MAX_DURATION, which fits epoll_wait's int of milliseconds.
+            for key, _ in self.sel.select(max(0.0, wake - now)):
+                if key.fileobj is self.sock:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)
+                if self.done:
+                    return
+            now = time.monotonic()
+            for conn, state in list(self.conns.items()):
+                if state[1] <= now:
+                    self._drop(conn, b"ERR request not received in time\n")
+
+    def _accept(self) -> None:
+        # A bounded round, then back to select: a flood of connects cannot keep the loop from the lease's
+        # deadline or from peers already accepted.
+        for _ in range(256):
+            try:
+                conn = self.sock.accept()[0]  # type: ignore[attr-defined]
+            except OSError:  # EAGAIN: drained; ECONNABORTED and the like: that peer's problem
+                return
+            try:
+                uid = _peer_uid(conn)
+                if uid is not None and uid not in self.trusted:
+                    # Not a byte read from another user: say why (never blocks) and hang up.
+                    _send_once(conn, b"ERR refused: not the lease holder's user\n")
+                    conn.close()
+                    continue
+                conn.setblocking(False)
+                self.sel.register(conn, self._events)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            self.conns[conn] = [b"", time.monotonic() + _REQUEST_SECONDS]
+            self._read(conn)  # the client writes right after connect: its request is usually here already
+            if self.done:
+                return
+            while len(self.conns) > _MAX_CONNECTIONS:  # only idle peers stay: drop the oldest, it retries
+                self._drop(next(iter(self.conns)), b"BUSY\n")
+
+    def _read(self, conn: object) -> None:
+        state = self.conns.get(conn)
+        if state is None:  # dropped earlier in this round
+            return
+        try:
+            data = conn.recv(_MAX_REQUEST + 1 - len(state[0]))  # type: ignore[attr-defined]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn, None)
+            return
+        if not data:
+            self._drop(conn, None)
+            return
+        state[0] += data
+        if b"\n" not in state[0]:
+            if len(state[0]) > _MAX_REQUEST:
+                self._drop(conn, b"ERR request too long\n")
+            return
+        self._forget(conn)
+        try:
+            answer = self._answer(state[0].split(b"\n", 1)[0])
+        except Exception as e:  # noqa: BLE001 - one request failed; the lease lives on
+            answer = ("ERR %s\n" % e).replace("\n", " ").strip().encode("utf-8", "replace") + b"\n"
+        _send_once(conn, answer)
+        conn.close()  # type: ignore[attr-defined]
+
+    def _answer(self, line: bytes) -> bytes:
+        """Check one request and act on it; an authentic request gets an answer proven with the secret."""
+        try:
+            words = line.decode("ascii").split(" ")
+        except UnicodeDecodeError:
+            return b"ERR malformed request\n"
+        if len(words) != 6 or words[0] != _PROTOCOL or len(words[3]) != 32:
+            return b"ERR malformed request (or a hostlock of another version)\n"
+        verb, name, nonce, arg, proof = words[1:]
+        expected = _proof(self.secret, "request", " ".join(words[:5]))
+        # Constant time: the comparison must not tell a guesser how much of the proof was right.
+        if not hmac.compare_digest(proof.encode(), expected.encode()) or name != self.name:
+            return b"ERR wrong token\n"
+        if verb == "release":
+            # Unlock first, then answer: when release() returns, the lock is free.
+            self.sel.unregister(self.sock)
+            self.sock.close()  # type: ignore[attr-defined]
+            self.lock.release()  # type: ignore[attr-defined]
+            self.done = True
+            body = "OK"
+        elif verb == "renew":
+            try:
+                more = self.lease if arg == "-" else check_duration(float(arg), "lease", positive=True)
+            except ValueError as e:
+                body = "ERR %s" % e
+            else:
+                expires = time.time() + more
+                try:
+                    self.lock.update_record(lease="%.3f" % expires)  # type: ignore[attr-defined]
+                except (OSError, HostlockError) as e:  # keep the old deadline: the record still shows it
+                    body = "ERR cannot renew: %s" % e
+                else:
+                    self.deadline = time.monotonic() + more
+                    body = "OK %.3f" % expires
+        else:
+            body = "ERR unknown request"
+        body = body.replace("\n", " ")
+        return ("%s %s\n" % (body, _proof(self.secret, "answer", nonce + " " + body))).encode("utf-8", "replace")
+
+    def _forget(self, conn: object) -> None:
+        self.conns.pop(conn, None)
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, conn: object, say: bytes | None) -> None:
+        self._forget(conn)
+        if say:
+            _send_once(conn, say)
+        conn.close()  # type: ignore[attr-defined]
+
+
+def _exchange(address: str, request: bytes, deadline: float, gone: TokenError) -> str:
+    """Send one request and read one line back; '' when the holder hung up without answering."""
+    import socket
+    import struct
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # A blocking socket with kernel timeouts, not settimeout(): Python's timeout mode makes connect()
+        # non-blocking, which fails at once with EAGAIN while the holder's backlog is full (issue 8).
+        left = max(0.001, deadline - time.monotonic())
+        tv = struct.pack("@ll", int(left), int(left % 1 * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        try:
+            sock.connect(address)
+        except OSError as e:
+            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                raise gone from None
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise HostlockError("the holder of lease %s did not accept a connection within %gs" % (
+                    address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
+            raise
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it hung up at once (BUSY, refused): its answer may still be waiting to be read
+        reply = b""
+        try:
+            while not reply.endswith(b"\n") and len(reply) < 4096:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        except (BlockingIOError, InterruptedError):
+            raise HostlockError("the holder of lease %s did not answer within %gs" % (
+                address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+    finally:
+        sock.close()
+    return reply.decode("ascii", "backslashreplace").strip() if reply.endswith(b"\n") else ""
+
+
+def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-") -> str:
+    """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
     from ._directory import default_directory
 
     validate_name(name)
     tid, secret = _split(token)
     directory = os.path.abspath(directory or default_directory())
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.settimeout(10.0)
-        try:
-            sock.connect(_address(directory, tid))
-        except OSError as e:
-            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                raise TokenError("no lease %s on lock %r: it expired, was released, or its holder died"
-                                 % (tid, name), directory=directory, reason="gone") from None
-            raise
-        sock.sendall(("%s %s %s %s\n" % (words.split()[0], name, secret, " ".join(words.split()[1:]))).encode())
-        reply = b""
-        try:
-            while not reply.endswith(b"\n"):
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-        except (ConnectionResetError, BrokenPipeError):
-            reply = b""
-        if not reply:
-            raise TokenError("no lease %s on lock %r: it expired, was released, or its holder died"
-                             % (tid, name), directory=directory, reason="gone")
-    finally:
-        sock.close()
-    text = reply.decode("utf-8", "replace").strip()
-    if not text.startswith("OK"):
-        raise TokenError("lease %s refused the request for lock %r: %s" % (tid, name, text[4:] or "no answer"),
-                         directory=directory, reason="refused")
-    return text
+    gone = TokenError("no lease %s on lock %r: it expired, was released, or its holder died" % (tid, name),
+                      directory=directory, reason="gone")
+    deadline = time.monotonic() + _CLIENT_SECONDS
+    while True:
+        nonce = os.urandom(16).hex()
+        text = "%s %s %s %s %s" % (_PROTOCOL, verb, name, nonce, arg)
+        reply = _exchange(_address(directory, tid), ("%s %s\n" % (text, _proof(secret, "request", text))).encode(),
+                          deadline, gone)
+        if reply != "BUSY":
+            break
+        if time.monotonic() >= deadline:  # the holder kept dropping us for newer peers: only its own uid can
+            raise HostlockError("the holder of lease %s stayed busy for %gs" % (tid, _CLIENT_SECONDS),
+                                directory=directory, errno=errno.ETIMEDOUT)
+    if not reply:
+        raise gone
+    body, _, proof = reply.rpartition(" ")
+    proven = hmac.compare_digest(proof.encode(), _proof(secret, "answer", nonce + " " + body).encode())
+    if body.startswith("OK") and proven:
+        return body
+    if reply.startswith("OK"):
+        # Only the holder knows the secret: an unproven OK comes from whoever took the name after it ended.
+        raise gone
+    raise TokenError("lease %s refused the request for lock %r: %s" % (tid, name, (body if proven else reply)[4:]
+                                                                       or "no answer"),
+                     directory=directory, reason="refused")
 
 
 def token_id(token: str) -> str:
@@ -246,7 +455,7 @@ def renew(name: str, token: str, lease: float | None = None, directory: str | No
     """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""
     if lease is not None:
         lease = check_duration(lease, "lease", positive=True)
-    reply = _request(name, token, directory, "renew" + ("" if lease is None else " %r" % lease))
+    reply = _request(name, token, directory, "renew", "-" if lease is None else repr(lease))
     return float(reply.split()[1])
 
 
