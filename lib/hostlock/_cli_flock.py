@@ -63,6 +63,14 @@ options:
  -h, --help               display this help
  -V, --version            display version
 
+hostlock's own (not in flock(1)):
+     --process-group <mode>
+                          same (default, as flock(1)): the command stays in the caller's process group;
+                          new: its own group, which hostlock's death kills whole (children that would run
+                          on unlocked after 'hostlock flock -o' is killed) and which gets forwarded
+                          signals once, not also from a kill of the caller's group; auto: new unless
+                          in a terminal's foreground
+
 exit status: the command's status; 128+N if it died of signal N; on conflict or timeout 1 (or -E);
 64 usage; 65 lock error; 66 cannot open the lock file; 69 cannot execute the command; 71 OS error;
 73 read-only file system or disk full. 'hostlock status --path FILE' shows who holds the lock.
@@ -86,7 +94,11 @@ _SPEC = {
     "-h": ("help", False), "--help": ("help", False),
     "-V": ("version", False), "--version": ("version", False),
     "-?": ("usage", False),
+    # hostlock's own, long only: flock(1) refuses any other long option (exit 64), so no correct flock
+    # script passes one, and none of flock's abbreviations (--n, --no, --ver, ...) becomes ambiguous.
+    "--process-group": ("pgroup", True),
 }
+_PGROUPS = ("same", "new", "auto")
 
 LOCK_EX, LOCK_SH, LOCK_UN = fcntl.LOCK_EX, fcntl.LOCK_SH, fcntl.LOCK_UN
 
@@ -103,7 +115,7 @@ class Options:
     """flock(1)'s settings, named as in flock.c's main()."""
 
     __slots__ = ("type", "block", "timeout", "conflict_code", "do_close", "no_fork", "verbose", "fcntl",
-                 "start", "length", "filename", "fd", "command", "shell")
+                 "start", "length", "filename", "fd", "command", "shell", "pgroup")
 
     def __init__(self) -> None:
         self.type = LOCK_EX
@@ -120,6 +132,7 @@ class Options:
         self.fd = -1
         self.command: list[str] = []
         self.shell: str | None = None  # the -c string, for status and messages
+        self.pgroup = "same"  # the caller's process group, as with flock(1)
 
 
 def warn(message: str) -> None:
@@ -224,6 +237,10 @@ def parse(args: list[str]) -> Options:
             o.fcntl = True
         elif key == "verbose":
             o.verbose = True
+        elif key == "pgroup":
+            if value not in _PGROUPS:
+                raise _Exit(_bad("%s: invalid mode '%s': use %s" % (opt, value, ", ".join(_PGROUPS))))
+            o.pgroup = value
         elif key == "version":
             from . import __version__
 
@@ -354,7 +371,10 @@ def run_command(o: Options, fd: int) -> int:
     os.set_inheritable(fd, not o.do_close)
     ro = RunOptions()
     ro.command = o.command
-    ro.pgroup = "same"  # like flock(1): the command stays in the caller's process group (job control)
+    # Default: like flock(1), the command stays in the caller's process group (job control, kill -- -PGID).
+    # --process-group new: its own group, killed whole if hostlock dies, and signals to the caller's
+    # group reach the command once (forwarded), not twice.
+    ro.pgroup = o.pgroup
     try:
         outcome = supervise(_NoRecord(), ro)  # type: ignore[arg-type]
     except OSError as exc:

@@ -34,7 +34,7 @@ _hostlock() {
                    -v --verbose -h --help" ;;
         flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
                      -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
-                     --verbose -h --help -V --version" ;;
+                     --verbose -h --help -V --version --process-group" ;;
         cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --time-limit
                     --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
                     --process-group -c --command -v --verbose -h --help" ;;

@@ -345,6 +345,30 @@ def test_command_dies_with_hostlock(launcher, tmp_path, procs):
     assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0
 
 
+@pytest.mark.parametrize("mode", ["same", "new"])
+def test_process_group_decides_whether_grandchildren_die_with_hostlock(mode, launcher, tmp_path, procs):
+    """SIGKILL to `hostlock flock -o`: by default (as with flock(1)) a grandchild of the command runs on,
+    unlocked; with --process-group new the command's whole group dies with hostlock."""
+    side = Side("hostlock", launcher, tmp_path)
+    gate = tmp_path / "gate"
+    p = subprocess.Popen(side.words(["--process-group", mode, "-o", "FILE", "sh", "-c",
+                                     f"(while [ ! -e {gate} ]; do sleep 0.05; done) & echo $!; wait"]),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=side.env)
+    procs.append(p)
+    grandchild = int(p.stdout.readline())
+    p.kill()
+    p.wait(timeout=30)
+    try:
+        if mode == "new":
+            wait_until(lambda: not pid_alive(grandchild), what="the job's group to die with hostlock")
+        else:
+            assert pid_alive(grandchild)
+            assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0  # unlocked
+    finally:
+        gate.touch()
+        wait_until(lambda: not pid_alive(grandchild), what="the grandchild to end")
+
+
 def test_fifo_at_the_lock_path_is_refused(launcher, tmp_path):
     """flock(1) would block forever opening a FIFO; hostlock flock refuses it (exit 66, one line)."""
     os.mkfifo(tmp_path / "lock")
