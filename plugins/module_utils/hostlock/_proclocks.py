@@ -115,18 +115,18 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def cmdline_of(pid: int) -> str:
+def cmdline_of(pid: int, proc: str = "/proc") -> str:
     """The process's command line as a shell would quote it; '' if gone or unreadable (a kernel thread)."""
     from ._cli_common import join_command
 
-    data = _read("/proc/%d/cmdline" % pid)
+    data = _read("%s/%d/cmdline" % (proc, pid))
     if not data:
         return ""
     return join_command([a.decode("utf-8", "backslashreplace") for a in data.rstrip(b"\0").split(b"\0")])
 
 
-def _ppid_uid(pid: int) -> tuple[int, int | None]:
-    data = _read("/proc/%d/stat" % pid)
+def _ppid_uid(pid: int, proc: str = "/proc") -> tuple[int, int | None]:
+    data = _read("%s/%d/stat" % (proc, pid))
     ppid = -1
     if data:
         try:
@@ -134,7 +134,7 @@ def _ppid_uid(pid: int) -> tuple[int, int | None]:
         except (ValueError, IndexError):
             pass
     try:
-        uid: int | None = os.stat("/proc/%d" % pid).st_uid
+        uid: int | None = os.stat("%s/%d" % (proc, pid)).st_uid
     except OSError:
         uid = None
     return ppid, uid
@@ -153,7 +153,7 @@ def locks_on(st_dev: int, st_ino: int, proc: str = "/proc") -> list[KernelLock]:
         if not entry.isdigit():
             continue
         pid = int(entry)
-        ppid, _uid = _ppid_uid(pid)
+        ppid, _uid = _ppid_uid(pid, proc)
         parents.setdefault(ppid, []).append(pid)
         fd_dir = "%s/%d/fd" % (proc, pid)
         try:
@@ -182,9 +182,9 @@ def locks_on(st_dev: int, st_ino: int, proc: str = "/proc") -> list[KernelLock]:
         elif not found and lk.pid > 0:  # holder not readable by us: say what /proc/locks says
             found = [(lk.pid, None)]  # type: ignore[list-item]
         for pid, fd in found:
-            _ppid, uid = _ppid_uid(pid)
-            jobs = [(child, cmdline_of(child)) for child in sorted(parents.get(pid, []))]
-            lk.holders.append(Holder(pid, fd, uid, cmdline_of(pid), jobs))
+            _ppid, uid = _ppid_uid(pid, proc)
+            jobs = [(child, cmdline_of(child, proc)) for child in sorted(parents.get(pid, []))]
+            lk.holders.append(Holder(pid, fd, uid, cmdline_of(pid, proc), jobs))
     return locks
 
 

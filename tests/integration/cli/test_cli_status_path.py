@@ -124,15 +124,3 @@ def test_errors(cli, tmp_path):
     assert r.returncode == 66 and r.stderr.count("\n") == 1
     r = cli.run("status", "x", "--path", tmp_path)
     assert r.returncode == 64
-
-
-def test_parse_line_kinds():
-    """The /proc/locks line forms the parser reads (waiters have '->')."""
-    from hostlock._proclocks import parse_line
-
-    lk = parse_line("12: -> OFDLCK ADVISORY  READ  -1 fe:01:4242 100 EOF")
-    assert (lk.id, lk.kind, lk.mode, lk.pid, lk.dev, lk.inode, lk.start, lk.end, lk.waiting) == \
-        (12, "ofd", "shared", -1, (0xFE, 1), 4242, 100, None, True)
-    lk = parse_line("1: POSIX  ADVISORY  WRITE 77 08:02:9 0 9")
-    assert (lk.kind, lk.mode, lk.end, lk.waiting) == ("posix", "exclusive", 9, False)
-    assert parse_line("garbage") is None
