@@ -234,7 +234,8 @@ class _Channel:
         import selectors
 
         self._events = selectors.EVENT_READ
-        self.sel = selectors.DefaultSelector()
+        # poll(), not epoll: a few dozen descriptors at most, and no extra descriptor kept by the holder.
+        self.sel = selectors.PollSelector()
         self.sock = sock
         self.sel.register(sock, self._events)
         self.conns: dict = {}  # socket -> [bytes so far, deadline]; insertion order is arrival order
@@ -249,8 +250,8 @@ class _Channel:
             if now >= self.deadline:
                 return
             wake = min([self.deadline] + [c[1] for c in self.conns.values()])
-            # wake - now <= MAX_DURATION, which fits epoll_wait's int of milliseconds.
-            for key, _ in self.sel.select(max(0.0, wake - now)):
+            # At most an hour per wait: far inside poll()'s int of milliseconds, whatever the rounding.
+            for key, _ in self.sel.select(min(max(0.0, wake - now), 3600.0)):
                 if key.fileobj is self.sock:
                     self._accept()
                 else:
