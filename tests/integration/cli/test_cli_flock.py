@@ -236,6 +236,19 @@ def test_command_gets_default_sigpipe(no_fork, launcher, tmp_path):
     assert codes == ["141", "141"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_read_only_file_system_is_73(launcher, tmp_path):
+    """Creating the lock file on a read-only mount (a private tmpfs in its own mount namespace): 73."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    for tool in TOOLS:
+        side = Side(tool, launcher, tmp_path)
+        cmd = "mount -t tmpfs -o ro tmpfs %s && exec \"$@\"" % ro
+        r = subprocess.run(["unshare", "-m", "sh", "-c", cmd, "-", *side.words([str(ro / "x"), "true"])],
+                           capture_output=True, text=True, timeout=60, check=False, env=side.env)
+        assert (r.returncode, _streams(r)) == (73, "err"), (tool, r.stderr)
+
+
 def test_shell_is_taken_from_SHELL(launcher, tmp_path):
     """-c runs through $SHELL as flock(1) does (docs/cli.md used to say /bin/sh)."""
     fake = tmp_path / "fakeshell"
