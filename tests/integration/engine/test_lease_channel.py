@@ -197,3 +197,20 @@ def test_the_holder_itself_refuses_a_renewal_past_the_limit(victim, lockdir):
         _lease._request("victim", token, lockdir, "renew", "nan")
     assert e.value.reason == "refused"
     _still_held_and_owner_in_control(lockdir, token)
+
+
+def test_a_stopped_holder_is_a_bounded_wait_then_a_clear_error(victim, lockdir, monkeypatch):
+    import errno
+    import signal
+
+    token, _address = victim
+    monkeypatch.setattr(_lease, "_CLIENT_SECONDS", 0.5)  # the real bound is 10 s; the behaviour is the same
+    pid = hostlock.holders("victim", lockdir)[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(hostlock.HostlockError, match="did not answer within") as e:
+            hostlock.renew("victim", token, directory=lockdir)
+        assert e.value.errno == errno.ETIMEDOUT and not isinstance(e.value, hostlock.TokenError)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _still_held_and_owner_in_control(lockdir, token)
