@@ -329,11 +329,12 @@ class _Channel:
         if not hmac.compare_digest(proof.encode(), expected.encode()) or name != self.name:
             return b"ERR wrong token\n"
         if verb == "release":
-            # Unlock first, then answer: when release() returns, the lock is free.
+            # Unlock first, then answer: when release() returns, the lock is free. Done first: if the
+            # unlock fails, the holder still ends (and its exit frees a kernel lock).
+            self.done = True
             self.sel.unregister(self.sock)
             self.sock.close()  # type: ignore[attr-defined]
             self.lock.release()  # type: ignore[attr-defined]
-            self.done = True
             body = "OK"
         elif verb == "renew":
             try:
