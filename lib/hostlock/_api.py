@@ -259,9 +259,10 @@ class LockStatus:
         }
 
     def as_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__slots__}
-        d["holders"] = [h.as_dict() for h in self.holders]
-        d["held"] = self.held
+        """to_json() plus the engine's extras (directory, held, corrupt; holders' as_dict): one shape."""
+        d = self.to_json()
+        d.update(directory=self.directory, held=self.held, corrupt=self.corrupt,
+                 holders=[h.as_dict() for h in self.holders])
         return d
 
     def __repr__(self) -> str:

@@ -391,9 +391,9 @@ class Holder:
         }
 
     def as_dict(self) -> dict:
-        """Every attribute (the engine's internal view; to_json() is the stable shape)."""
-        d = {k: getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
-        d["lease_expired"] = self.lease_expired
+        """to_json() plus the engine's extras (record_ok, file_uid, lease_expired): one shape, a superset."""
+        d = self.to_json()
+        d.update(record_ok=self.record_ok, file_uid=self.file_uid, lease_expired=self.lease_expired)
         return d
 
     def __repr__(self) -> str:

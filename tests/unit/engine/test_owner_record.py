@@ -66,3 +66,17 @@ def test_a_record_claiming_another_uid_than_its_file_owner_is_always_forged(fiel
     h = _owner.Holder(_owner.parse_record(_encode(fields)), file=(0, 0, file_uid))
     if h.uid != file_uid:
         assert h.forged and h.verified is False and h.prove() is False and "forged" in h.problem
+
+
+def test_one_serializer_as_dict_is_a_superset_of_the_documented_json(lockdir):
+    """The CLI prints to_json(); the Ansible modules return as_dict(): the same keys and values, plus extras."""
+    import hostlock
+
+    with hostlock.Lock("ser", directory=lockdir, label="x"):
+        st = hostlock.status("ser", lockdir)
+        doc, full = st.to_json(), st.as_dict()
+        assert {k: v for k, v in full.items() if k in doc and k != "holders"} == {
+            k: v for k, v in doc.items() if k != "holders"}
+        (h,) = doc["holders"]
+        assert {k: full["holders"][0][k] for k in h} == h and h["verified"] is True and h["label"] == "x"
+        json.dumps(full)
