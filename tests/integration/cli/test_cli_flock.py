@@ -305,7 +305,7 @@ def _ofd(path: Path, kind: int, start: int = 0, length: int = 0):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="OFD locks are Linux-only")
 def test_fcntl_takes_ofd_locks(launcher, tmp_path, procs):
     """--fcntl, --start, --length: OFD fcntl locks, which exclude other OFD lockers of the same bytes and
-    are independent of flock(2) locks (as with flock(1) --fcntl, util-linux 2.40+)."""
+    are independent of flock(2) locks (as with flock(1) --fcntl, in util-linux releases newer than 2.38)."""
     side = Side("hostlock", launcher, tmp_path)
     lock = tmp_path / "lock"
     h = side.hold(["--fcntl"], procs=procs)
