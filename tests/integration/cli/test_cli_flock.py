@@ -56,6 +56,8 @@ CASES = [
     ("exclusive-e", ["-e", "FILE", "true"], 0, "", "-e is -x"),
     ("unlock-file", ["-u", "FILE", "true"], 0, "", "-u on a file: nothing to unlock, runs the command"),
     ("nonblocking-free", ["--nb", "FILE", "true"], 0, "", "--nb on a free lock"),
+    ("man-nonblock", ["--nonblock", "FILE", "true"], 0, "", "the man page's --nonblock, a prefix of --nonblocking"),
+    ("wait-leading-dot", ["-w", ".007", "DIR", "-c", "true"], 0, "", "the man page's '-w .007 /tmp -c ...'"),
     ("wait-free", ["--timeout", "1.5", "FILE", "true"], 0, "", "--timeout is a wait, fractions allowed"),
     ("verbose", ["--verbose", "FILE", "true"], 0, "out", "--verbose chatter goes to stdout"),
     ("dash-dash", ["--", "FILE", "true"], 0, "", "'--' ends the options"),
