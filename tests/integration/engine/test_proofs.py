@@ -215,3 +215,45 @@ def test_record_from_another_pid_namespace_is_never_proven_dead_here(tmp_path, m
         p.stdin.close()
         p.wait(30)
     assert hostlock.status("ns", str(d)).holders == []  # it released on its own
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # an interpreter user nobody can run (the venv's lives under /root)
+MEMBER_HOLDER = """
+import sys, time, hostlock
+l = hostlock.Lock("m", directory=sys.argv[1]).acquire()
+l.update_record(lease="%f" % (time.time() - 1))
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@needs_users
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs /usr/bin/python3 for the other user")
+@pytest.mark.parametrize("mechanism", ["ofd", "record"])
+@pytest.mark.parametrize("breaker", ["root", "member"])
+def test_a_group_members_real_stopped_holder_is_proven_not_forged_and_ended(shared_group, mechanism, breaker):  # noqa: F811
+    """No false alarm: a member's own record is theirs (not forged), proven, and its ended lease breakable by
+    root or by the member (whose /proc/PID/fd of their own process the kernel lets them read)."""
+    shared, gid = shared_group
+    hostlock.Lock("init", directory=shared, mechanism=mechanism).close()
+    env = dict(os.environ, PYTHONPATH=LIB)
+    p = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=%d" % gid, "--groups=%d" % gid, SYSTEM_PYTHON, "-c",
+                          MEMBER_HOLDER, shared], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_line(p, "held")
+        _stop(p.pid)
+        (h,) = hostlock.status("m", shared).holders
+        assert (h.pid, h.uid, h.forged, h.verified, h.stale) == (p.pid, 65534, False, True, True), h.as_dict()
+        if breaker == "root":
+            assert [x.pid for x in hostlock.break_lock("m", shared, wait=60)] == [p.pid]
+        else:
+            r = as_member(gid, [SYSTEM_PYTHON, "-c", "import sys, hostlock; "
+                                "print('ended', [h.pid for h in hostlock.break_lock('m', sys.argv[1], wait=60)])",
+                                shared], env=env, timeout=90)
+            assert r.stdout.strip() == "ended [%d]" % p.pid, r.stdout + r.stderr
+        assert p.wait(30) == -signal.SIGTERM
+        assert hostlock.status("m", shared).holders == []
+    finally:
+        p.kill()
+        p.wait()
