@@ -9,9 +9,8 @@ import textwrap
 
 import pytest
 
+# The library source, for child interpreters started with -I (no site, no PYTHONPATH): they add it themselves.
 LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
-if LIB not in sys.path:
-    sys.path.insert(0, LIB)
 
 MECHANISMS = ["ofd", "flock", "record"]
 

@@ -24,6 +24,7 @@ from ._owner import Holder, _Self, build_record, parse_record, record_prefix
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from ._lockers import Held
+    from ._record import RecordMechanism
 
 MODES = ("exclusive", "shared")
 STATUS_SCHEMA = "hostlock.status/1"  # the version of LockStatus.to_json()/Holder.to_json() (docs/cli.md)
@@ -42,7 +43,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _record_mechanism() -> object:
+def _record_mechanism() -> RecordMechanism:
     from ._record import RecordMechanism  # only where kernel locks fail: keep it off the start-up path
 
     return RecordMechanism()
@@ -181,7 +182,7 @@ class Lock:
         # Know our identity before any wait: a woken waiter must not spend its first moments
         # reading /proc (a fresh process has not computed it yet).
         self._refresh_prefix()
-        return self._locker.acquire(self.mode, self.fifo, deadline, self._record_bytes)  # type: ignore[arg-type]
+        return self._locker.acquire(self.mode, self.fifo, deadline, self._record_bytes)
 
     def _refresh_prefix(self) -> None:
         if self._prefix_pid != _Self.get().pid:
@@ -407,7 +408,7 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
 def _remove_dead_records(directory: str, name: str) -> list:
     dirfd = open_directory(directory)[0]
     try:
-        return _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))  # type: ignore[attr-defined]
+        return _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
     finally:
         os.close(dirfd)
 

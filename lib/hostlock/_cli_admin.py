@@ -348,7 +348,7 @@ def _lease_of(name: str, directory: str, token_hint: str | None = None) -> float
     if token_hint:
         exact = [h for h in mine if h.token_id and h.token_id in token_hint]
         mine = exact or mine
-    return max((h.lease_expires for h in mine), default=None)  # type: ignore[type-var]
+    return max((h.lease_expires for h in mine if h.lease_expires is not None), default=None)
 
 
 def cmd_hold(ns: argparse.Namespace) -> int:

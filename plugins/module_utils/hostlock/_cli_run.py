@@ -300,9 +300,9 @@ def _prctl() -> object:
             _restype_ = _Int
 
         class _Self:
-            _handle = _ctypes.dlopen(None)
+            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type] # dlopen(NULL): the main program; typeshed wants a path
 
-        return _Func(("prctl", _Self()))
+        return _Func(("prctl", _Self()))  # type: ignore[arg-type] # CFuncPtr reads only _handle: no CDLL needed
     except Exception:
         pass
     try:  # the documented way, should the private one ever change
@@ -334,7 +334,7 @@ def _exec_child(argv: list[str], parent: int, new_group: bool, mask: object, out
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
             _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)  # type: ignore[arg-type]
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         _execvp(argv)
     except OSError as exc:
         c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
@@ -605,6 +605,7 @@ def make_lock(o: Options) -> Lock:
         return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")  # type: ignore[return-value]
     from . import Lock
 
+    assert o.name is not None  # the parser sets a name whenever --path is absent
     return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,
                 label=o.label)
 

@@ -446,7 +446,7 @@ class KernelMechanism:
             data = records[i * RECORD_SIZE:(i + 1) * RECORD_SIZE]
             return data if data.strip(b"\0\n") else None
 
-        entries = []
+        entries: list[tuple[bytes | None, str, int | None]] = []
         if slots > 1:
             for k in range(slots):
                 if f.conflict(SLOT0 + k, RD):
@@ -542,7 +542,7 @@ def _pwrite(fd: int, data: bytes, offset: int, path: str) -> None:
 
 def probe(fd: int) -> str:
     """Which kernel mechanism works on this filesystem: 'ofd', 'flock', or 'record' if none does."""
-    candidates = [("ofd", OfdFile)] if HAS_OFD else []
+    candidates: list[tuple[str, type[LockFile]]] = [("ofd", OfdFile)] if HAS_OFD else []
     candidates.append(("flock", FlockFile))
     for name, cls in candidates:
         f = cls(fd, "")

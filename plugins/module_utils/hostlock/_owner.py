@@ -14,7 +14,7 @@ import sys
 import time
 
 try:  # optional, only where /proc is missing (BSD, macOS)
-    import psutil  # type: ignore[import-not-found]
+    import psutil
 except ImportError:  # pragma: no cover - depends on the host
     psutil = None
 
@@ -178,7 +178,7 @@ class _Self:
     prefix = ""
 
     @classmethod
-    def get(cls) -> _Self:
+    def get(cls) -> type[_Self]:
         pid = os.getpid()
         if pid != cls.pid:
             cls.pid = pid
@@ -254,6 +254,16 @@ def _num(fields: dict, key: str, kind: type = int) -> object:
     return value if value is None or lo <= value < hi else None  # NaN fails both comparisons
 
 
+def _int(fields: dict, key: str) -> int | None:
+    value = _num(fields, key, int)
+    return value if isinstance(value, int) else None
+
+
+def _time(fields: dict, key: str) -> float | None:
+    value = _num(fields, key, float)
+    return value if isinstance(value, float) else None
+
+
 class Holder:
     """One holder of a lock as read from its owner record, with liveness and holdership proven where possible.
 
@@ -273,23 +283,23 @@ class Holder:
         """`file` is (st_dev, st_ino, owner uid or None) of the lock or record file, from fstat."""
         f = fields or {}
         self.record_ok = fields is not None
-        self.pid = _num(f, "pid")
+        self.pid = _int(f, "pid")
         start = f.get("start") or ""
         self.start_time = int(start) if start.isascii() and start.isdigit() and len(start) < 20 else None
         self._start = f.get("start") or None
         self.boot_id = f.get("boot") or None
         self.hostname = f.get("host") or None
         self.pid_namespace = f.get("pidns") or None
-        self.uid = _num(f, "uid")
+        self.uid = _int(f, "uid")
         self.user = _user(self.uid)
         self.cmdline = f.get("cmd") or None
         self.mode = f.get("mode") or mode
-        rslot = _num(f, "slot")
+        rslot = _int(f, "slot")
         self.slot = rslot if rslot is not None else slot
-        self.acquired_at = _num(f, "at", float)
-        self.lease_expires = _num(f, "lease", float)
+        self.acquired_at = _time(f, "at")
+        self.lease_expires = _time(f, "lease")
         self.label = f.get("label") or None
-        self.job_pid = _num(f, "jpid")
+        self.job_pid = _int(f, "jpid")
         self.job_cmdline = f.get("jcmd") or None
         self.token_id = f.get("tid") or None
         self._file = file

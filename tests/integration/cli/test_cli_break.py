@@ -10,9 +10,7 @@ import time
 
 import pytest
 from conftest import wait_until
-
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from engine_helpers import (  # noqa: E402
+from engine_helpers import (
     LIB,
     as_member,
     needs_users,
@@ -21,8 +19,8 @@ from engine_helpers import (  # noqa: E402
     victim_signals,
 )
 
-import hostlock  # noqa: E402
-from hostlock import _owner  # noqa: E402
+import hostlock
+from hostlock import _owner
 
 
 @needs_users

@@ -12,8 +12,7 @@ import os
 import random
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lib"))
-import hostlock  # noqa: E402
+import hostlock  # installed in .venv (editable), or on PYTHONPATH (make test-pythons)
 
 KILLED = os.environ.get("STRESS_KILLED", "")
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-import engine_helpers  # noqa: E402 - also puts lib/ on sys.path
+import engine_helpers  # tests/ is on the import path (pytest.ini)
 
 lockdir = engine_helpers.lockdir
 mechdir = engine_helpers.mechdir
