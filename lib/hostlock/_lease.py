@@ -31,6 +31,10 @@ import time
 from ._error import HostlockError, LockTimeout, TokenError
 from ._names import check_duration, validate_name
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
+    import socket
+
 _SOCKET_PREFIX = "\0hostlock-lease/"  # Linux abstract namespace: no file to clean up after a SIGKILL
 _PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
 _MAX_REQUEST = 512  # bytes: a request is one short line; longer is garbage
@@ -181,7 +185,7 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                 pass
 
 
-def _listen(directory: str, tid: str) -> object:
+def _listen(directory: str, tid: str) -> socket.socket:
     import socket
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -199,7 +203,7 @@ def _listen(directory: str, tid: str) -> object:
     return sock
 
 
-def _peer_uid(conn: object) -> int | None:
+def _peer_uid(conn: socket.socket) -> int | None:
     """The connecting process's uid as the kernel saw it at connect(); None where it cannot say."""
     import socket
     import struct
@@ -208,10 +212,10 @@ def _peer_uid(conn: object) -> int | None:
     if opt is None:
         return None
     size = struct.calcsize("3i")  # struct ucred: pid, uid, gid
-    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]  # type: ignore[attr-defined]
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]
 
 
-def _send_once(conn: object, data: bytes) -> None:
+def _send_once(conn: socket.socket, data: bytes) -> None:
     """One non-blocking send; a peer that went away or does not read loses its answer, nothing more.
 
     Each connection gets one line of under 200 bytes into an empty socket buffer, so a send that does not
@@ -220,7 +224,7 @@ def _send_once(conn: object, data: bytes) -> None:
     import socket
 
     try:
-        conn.send(data, socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))  # type: ignore[attr-defined]
+        conn.send(data, socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))
     except OSError:
         pass
 
@@ -228,7 +232,7 @@ def _send_once(conn: object, data: bytes) -> None:
 class _Channel:
     """The holder's side of the control channel: one non-blocking selector loop until release or expiry."""
 
-    def __init__(self, sock: object, lock: object, name: str, secret: str, lease: float) -> None:
+    def __init__(self, sock: socket.socket, lock: object, name: str, secret: str, lease: float) -> None:
         import selectors
 
         self._events = selectors.EVENT_READ
@@ -253,7 +257,7 @@ class _Channel:
                 if key.fileobj is self.sock:
                     self._accept()
                 else:
-                    self._read(key.fileobj)
+                    self._read(key.data)
                 if self.done:
                     return
             now = time.monotonic()
@@ -266,7 +270,7 @@ class _Channel:
         # deadline or from peers already accepted.
         for _ in range(256):
             try:
-                conn = self.sock.accept()[0]  # type: ignore[attr-defined]
+                conn = self.sock.accept()[0]
             except OSError:  # EAGAIN: drained; ECONNABORTED and the like: that peer's problem
                 return
             try:
@@ -277,7 +281,7 @@ class _Channel:
                     conn.close()
                     continue
                 conn.setblocking(False)
-                self.sel.register(conn, self._events)
+                self.sel.register(conn, self._events, conn)  # data: the socket, typed (fileobj is int | HasFileno)
             except (OSError, ValueError):
                 conn.close()
                 continue
@@ -288,12 +292,12 @@ class _Channel:
             while len(self.conns) > _MAX_CONNECTIONS:  # only idle peers stay: drop the oldest, it retries
                 self._drop(next(iter(self.conns)), b"BUSY\n")
 
-    def _read(self, conn: object) -> None:
+    def _read(self, conn: socket.socket) -> None:
         state = self.conns.get(conn)
         if state is None:  # dropped earlier in this round
             return
         try:
-            data = conn.recv(_MAX_REQUEST + 1 - len(state[0]))  # type: ignore[attr-defined]
+            data = conn.recv(_MAX_REQUEST + 1 - len(state[0]))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -313,7 +317,7 @@ class _Channel:
         except Exception as e:  # noqa: BLE001 - one request failed; the lease lives on
             answer = ("ERR %s\n" % e).replace("\n", " ").strip().encode("utf-8", "replace") + b"\n"
         _send_once(conn, answer)
-        conn.close()  # type: ignore[attr-defined]
+        conn.close()
 
     def _answer(self, line: bytes) -> bytes:
         """Check one request and act on it; an authentic request gets an answer proven with the secret."""
@@ -333,7 +337,7 @@ class _Channel:
             # unlock fails, the holder still ends (and its exit frees a kernel lock).
             self.done = True
             self.sel.unregister(self.sock)
-            self.sock.close()  # type: ignore[attr-defined]
+            self.sock.close()
             self.lock.release()  # type: ignore[attr-defined]
             body = "OK"
         elif verb == "renew":
@@ -355,18 +359,18 @@ class _Channel:
         body = body.replace("\n", " ")
         return ("%s %s\n" % (body, _proof(self.secret, "answer", nonce + " " + body))).encode("utf-8", "replace")
 
-    def _forget(self, conn: object) -> None:
+    def _forget(self, conn: socket.socket) -> None:
         self.conns.pop(conn, None)
         try:
             self.sel.unregister(conn)
         except (KeyError, ValueError):
             pass
 
-    def _drop(self, conn: object, say: bytes | None) -> None:
+    def _drop(self, conn: socket.socket, say: bytes | None) -> None:
         self._forget(conn)
         if say:
             _send_once(conn, say)
-        conn.close()  # type: ignore[attr-defined]
+        conn.close()
 
 
 def _exchange(address: str, request: bytes, deadline: float, gone: TokenError) -> str:
