@@ -335,14 +335,6 @@ def take_lock(o: Options, fd: int, flags: int) -> int:
     return fd
 
 
-class _NoRecord:
-    """The supervisor records the job in a hostlock owner record; a flock(1) lock has none (status reads
-    /proc/locks instead)."""
-
-    def update_record(self, **_kw: object) -> None:
-        return None
-
-
 def run_command(o: Options, fd: int) -> int:
     """Run the command holding the lock: exec it (-F), or fork, supervise and pass its status on."""
     if o.verbose:
@@ -350,7 +342,7 @@ def run_command(o: Options, fd: int) -> int:
     # flock.c: "Clear any inherited settings" (a SIGCHLD ignored by our parent would lose the status).
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     if o.no_fork:
-        from ._cli_run import _execvp
+        from ._supervise import execvp
 
         os.set_inheritable(fd, True)  # the exec'd command is the holder now
         # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, and the command
@@ -358,25 +350,21 @@ def run_command(o: Options, fd: int) -> int:
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         try:
-            _execvp(o.command)
+            execvp(o.command)
         except OSError as exc:
             warn("failed to execute %s: %s" % (o.command[0], exc.strerror or exc))
             return c.EX_OSERR if exc.errno == errno.ENOMEM else c.EX_UNAVAILABLE
-    from ._cli_run import Options as RunOptions
-    from ._cli_run import die_like, supervise
+    from ._supervise import Job, die_like, new_group_for, supervise
 
     # Without -o the command inherits the locked descriptor, as with flock(1): a background child it
     # leaves behind keeps the lock. With -o it does not, and hostlock (alive until the command ends, and
     # taking the command with it if killed) holds the lock alone.
     os.set_inheritable(fd, not o.do_close)
-    ro = RunOptions()
-    ro.command = o.command
     # Default: like flock(1), the command stays in the caller's process group (job control, kill -- -PGID).
     # --process-group new: its own group, killed whole if hostlock dies, and signals to the caller's
     # group reach the command once (forwarded), not twice.
-    ro.pgroup = o.pgroup
     try:
-        outcome = supervise(_NoRecord(), ro)  # type: ignore[arg-type]
+        outcome = supervise(Job(o.command, new_group=new_group_for(o.pgroup)))
     except OSError as exc:
         warn("fork failed: %s" % (exc.strerror or exc))
         return c.EX_OSERR

@@ -1,7 +1,8 @@
 """The `hostlock` command: a better flock(1), with status, leases and a cron mode (manual: docs/cli.md).
 
-This module only dispatches: each subcommand lives in `_cli_run` (run, cron: hand-parsed, the hot path),
-`_cli_flock` (flock: flock(1)'s command line, hand-parsed too) or
+This module only dispatches: each subcommand lives in `_cli_run` or `_cli_cron` (run, cron: the hot path,
+hand-parsed in `_cli_options`, jobs supervised by `_supervise`), `_cli_flock` (flock: flock(1)'s command
+line, hand-parsed too) or
 `_cli_admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used).
 """
 
@@ -85,7 +86,7 @@ def _dispatch(args: list[str]) -> int:
 
         return main_flock(rest)
     if command == "cron":
-        from ._cli_run import main_cron
+        from ._cli_cron import main_cron
 
         return main_cron(rest)
     if command in _ADMIN:

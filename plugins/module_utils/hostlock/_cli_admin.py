@@ -169,9 +169,7 @@ def main_admin(command: str, args: list[str]) -> int:
     except c.UsageError as exc:
         return c.usage_error(str(exc), command)
     except LockTimeout as exc:
-        from ._cli_run import conflict_text
-
-        c.say(conflict_text(ns.name, exc, getattr(ns, "wait", None)))
+        c.say(c.conflict_text(ns.name, exc, getattr(ns, "wait", None)))
         return ns.conflict_exit_code
     except Exception as exc:
         code = c.error_exit_code(exc)

@@ -108,6 +108,14 @@ def describe_error(exc: BaseException) -> str:
     return text.replace("\n", " ")
 
 
+def conflict_text(name: str, exc: BaseException, waited: float | None) -> str:
+    """'lock NAME is busy: held by pid 12 running job pid 34 (user root, backup.sh, since 02:00:01)'."""
+    parts = [h.describe() for h in getattr(exc, "holders", None) or []]
+    held = "; ".join(parts[:3]) + ("; and %d more" % (len(parts) - 3) if len(parts) > 3 else "")
+    gave_up = "" if not waited else " (waited %s)" % format_span(waited)
+    return "lock %s is busy%s%s" % (name, gave_up, ": held by " + held if held else "")
+
+
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./-_")
 
 

@@ -6,11 +6,13 @@ import pytest
 
 import hostlock
 from hostlock import _cli_common as c
-from hostlock import _cli_run as run
+from hostlock import _cli_cron as cron_cli
+from hostlock import _cli_options as options
+from hostlock import _supervise as supervise
 
 
 def parse(*args, cron=False):
-    return run.parse(list(args), cron=cron)
+    return options.parse(list(args), cron=cron)
 
 
 def test_defaults():
@@ -95,24 +97,24 @@ def test_cron_only_options_are_not_run_options():
 
 
 def test_default_cron_name_is_stable_valid_and_distinct():
-    a = run.default_cron_name(parse("/usr/local/bin/backup.sh", "--full", cron=True))
-    assert a == run.default_cron_name(parse("--", "/usr/local/bin/backup.sh", "--full", cron=True))
+    a = cron_cli.default_cron_name(parse("/usr/local/bin/backup.sh", "--full", cron=True))
+    assert a == cron_cli.default_cron_name(parse("--", "/usr/local/bin/backup.sh", "--full", cron=True))
     assert a.startswith("cron-backup.sh-") and hostlock.validate_name(a)
-    b = run.default_cron_name(parse("/usr/local/bin/backup.sh", "--incremental", cron=True))
+    b = cron_cli.default_cron_name(parse("/usr/local/bin/backup.sh", "--incremental", cron=True))
     assert a != b
-    assert a == "cron-backup.sh-%08x" % run._fnv1a32(b"/usr/local/bin/backup.sh\0--full")
-    s = run.default_cron_name(parse("-c", "/opt/my job.sh >/dev/null", cron=True))
+    assert a == "cron-backup.sh-%08x" % cron_cli._fnv1a32(b"/usr/local/bin/backup.sh\0--full")
+    s = cron_cli.default_cron_name(parse("-c", "/opt/my job.sh >/dev/null", cron=True))
     assert s.startswith("cron-my-")
-    odd = run.default_cron_name(parse("-c", ".hidden ünïcode/", cron=True))
+    odd = cron_cli.default_cron_name(parse("-c", ".hidden ünïcode/", cron=True))
     assert hostlock.validate_name(odd)
-    long = run.default_cron_name(parse("x" * 300, cron=True))
+    long = cron_cli.default_cron_name(parse("x" * 300, cron=True))
     assert len(long) <= 100 and hostlock.validate_name(long)
 
 
 def test_fnv1a_known_vectors():
-    assert run._fnv1a32(b"") == 0x811C9DC5
-    assert run._fnv1a32(b"a") == 0xE40C292C
-    assert run._fnv1a32(b"foobar") == 0xBF9CF968
+    assert cron_cli._fnv1a32(b"") == 0x811C9DC5
+    assert cron_cli._fnv1a32(b"a") == 0xE40C292C
+    assert cron_cli._fnv1a32(b"foobar") == 0xBF9CF968
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,8 @@ def test_describe_error_adds_the_directory_once():
 
 
 def test_outcome_exit_codes():
-    assert run.Outcome(3 << 8, False, 1.0, 1, False).exit_code() == 3
-    assert run.Outcome(9, False, 1.0, 1, False).exit_code() == 137
-    assert run.Outcome(15, True, 1.0, 1, False).exit_code() == 124
-    assert run.Outcome(9, True, 61.0, 1, False).describe() == "timed out, killed by signal 9 (SIGKILL) after 1m01s"
+    assert supervise.Outcome(3 << 8, False, 1.0, 1, False).exit_code() == 3
+    assert supervise.Outcome(9, False, 1.0, 1, False).exit_code() == 137
+    assert supervise.Outcome(15, True, 1.0, 1, False).exit_code() == 124
+    described = supervise.Outcome(9, True, 61.0, 1, False).describe()
+    assert described == "timed out, killed by signal 9 (SIGKILL) after 1m01s"

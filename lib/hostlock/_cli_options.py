@@ -1,0 +1,293 @@
+"""The command lines of `hostlock run` and `hostlock cron`: help texts, `Options`, `parse`, `make_lock`.
+
+Parsed by hand with `_cli_common.getopt` (argparse costs ~12 ms on a path started once per job).
+"""
+
+from __future__ import annotations
+
+from . import _cli_common as c
+from ._supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
+    from . import Lock
+
+_SHELL = "/bin/sh"  # -c uses /bin/sh like flock(1), never $SHELL: cron entries must not depend on a login shell
+
+RUN_HELP = """\
+usage: hostlock run [options] NAME [--] COMMAND [ARG...]
+       hostlock run [options] NAME -c 'SHELL COMMAND'
+       hostlock run [options] --path FILE [--] COMMAND [ARG...]
+
+Run COMMAND while holding the lock NAME. hostlock stays the parent: signals it gets reach the job, the
+job dies if hostlock is killed, and the job (and any daemon it starts) never inherits the lock.
+Options are read up to the command or '--'; the command's own arguments pass untouched.
+
+lock options:
+  -x, -e, --exclusive      exclusive lock (default)
+  -s, --shared             shared lock: any number of shared holders, no exclusive one
+  --slots N                N-slot semaphore: at most N holders at once
+  -n, --nb, --nonblock     do not wait: if the lock is busy, exit with the conflict code
+  -w, --wait DURATION      wait at most DURATION (seconds, fractions allowed, or 250ms, 5m, 1h30m)
+  -E, --conflict-exit-code CODE
+                           exit code when the lock is busy or the wait times out (default 75)
+  -d, --dir DIR            lock directory (default: $HOSTLOCK_DIR, /run/hostlock, per-user dir)
+  --mechanism M            auto (default), ofd, flock or record
+  --label TEXT             free text shown by 'hostlock status'
+  --path FILE              instead of NAME: lock FILE as flock(1) does (flock(2); --mechanism ofd: OFD
+                           fcntl locks), excluding flock(1) users of FILE; 'status --path FILE' shows it
+job options:
+  -c, --command CMD        run CMD with /bin/sh -c
+  --time-limit DURATION    the most the job may run: then SIGTERM, exit code 124 (--timeout is
+                           refused: in flock(1) it means --wait)
+  --kill-after DURATION    SIGKILL this long after the timeout's SIGTERM (default 10s)
+  --process-group MODE     auto (default: own group unless in a terminal's foreground), new, same
+other:
+  -q, --quiet              no message when the lock is busy (like flock -n)
+  -v, --verbose            say what happens, on stderr
+  -h, --help               show this help
+
+exit status: the job's own status; 128+N if it died of signal N; 124 after --time-limit; the conflict code
+(-E, default 75) if the lock was busy; 64 usage; 65 lock error; 66 cannot open the lock file or
+directory; 69 cannot execute the command; 71 OS error; 73 read-only or full file system.
+"""
+
+CRON_HELP = """\
+usage: hostlock cron [options] [--] COMMAND [ARG...]
+       hostlock cron [options] -c 'SHELL COMMAND'
+
+The mode for cron entries: run COMMAND unless another copy still runs, and stay silent unless the job
+fails. The job's stdout and stderr are captured (in an unlinked temporary file); on failure (non-zero exit,
+signal, timeout) they are printed followed by one line with the status, so cron mails only what matters.
+
+  --name NAME              lock name (default: cron-PROGRAM-HASH, from the command; see docs/cli.md)
+  --on-conflict MODE       when another copy holds the lock: quiet (default: no output, exit 0),
+                           report (one line on stderr, exit 0), fail (one line, exit 75)
+  -E, --conflict-exit-code CODE
+                           exit code on conflict, overriding the on-conflict default
+  -w, --wait DURATION      wait up to DURATION for the other copy (default: do not wait)
+  -n, --nb, --nonblock     do not wait (default)
+  --time-limit DURATION    the most the job may run: then SIGTERM, SIGKILL after --kill-after (10s)
+  --kill-after DURATION
+  --syslog                 write one line per run to syslog (/dev/log): started job's result or skip
+  --syslog-socket PATH     syslog socket to use (implies --syslog)
+  -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD, --path FILE:
+                           as for run
+  -v, --verbose            say what happens, on stderr (cron mails it)
+  -h, --help               show this help
+
+exit status: as for run (the job's status, 128+N, 124 after --time-limit), and on conflict 0 (quiet, report)
+or 75 (fail), or -E CODE.
+"""
+
+
+class Options:
+    """Parsed command line of `run` and `cron`."""
+
+    __slots__ = ("name", "mode", "slots", "wait", "conflict_code", "directory", "mechanism", "label",
+                 "command", "shell", "timeout", "kill_after", "pgroup", "quiet", "verbose", "help",
+                 "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path")
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.mode = "exclusive"
+        self.slots = 1
+        self.wait: float | None = None  # None waits forever
+        self.conflict_code: int | None = None
+        self.directory: str | None = None
+        self.mechanism = "auto"
+        self.label: str | None = None
+        self.command: list[str] = []
+        self.shell: str | None = None
+        self.timeout: float | None = None
+        self.kill_after = DEFAULT_KILL_AFTER
+        self.pgroup = "auto"
+        self.quiet = False
+        self.verbose = False
+        self.help = False
+        self.on_conflict = "quiet"
+        self.syslog = False
+        self.syslog_socket = "/dev/log"
+        self._wait_opt = ""
+        self.path: str | None = None  # --path FILE: flock(1)'s lock on FILE instead of a named lock
+
+
+_RUN_SPEC = {
+    "-x": ("exclusive", False), "-e": ("exclusive", False), "--exclusive": ("exclusive", False),
+    "-s": ("shared", False), "--shared": ("shared", False),
+    "--slots": ("slots", True),
+    "-n": ("nb", False), "--nb": ("nb", False), "--nonblock": ("nb", False), "--no-wait": ("nb", False),
+    "-w": ("wait", True), "--wait": ("wait", True),
+    "-E": ("code", True), "--conflict-exit-code": ("code", True),
+    "-d": ("dir", True), "--dir": ("dir", True),
+    "--mechanism": ("mechanism", True),
+    "--label": ("label", True),
+    "--path": ("path", True),
+    "-c": ("shell", True), "--command": ("shell", True),
+    "--time-limit": ("timeout", True),
+    "--timeout": ("timeout_refused", True),
+    "--kill-after": ("kill_after", True),
+    "--process-group": ("pgroup", True),
+    "-q": ("quiet", False), "--quiet": ("quiet", False),
+    "-v": ("verbose", False), "--verbose": ("verbose", False),
+    "-h": ("help", False), "--help": ("help", False),
+}
+_CRON_SPEC = dict(_RUN_SPEC)
+_CRON_SPEC.update({
+    "--name": ("name", True),
+    "--on-conflict": ("on_conflict", True),
+    "--syslog": ("syslog", False),
+    "--syslog-socket": ("syslog_socket", True),
+})
+_MECHANISMS = ("auto", "ofd", "flock", "record")
+_PGROUPS = PROCESS_GROUPS
+_ON_CONFLICT = ("quiet", "report", "fail")
+
+
+def parse(args: list[str], cron: bool) -> Options:
+    """Parse `run`/`cron` arguments by hand (argparse costs ~12 ms); raises c.UsageError."""
+    command = "cron" if cron else "run"
+    o = Options()
+
+    def handle(key: str, value: str | None, opt: str) -> None:
+        if key == "exclusive":
+            o.mode = "exclusive"
+        elif key == "shared":
+            o.mode = "shared"
+        elif key == "slots":
+            o.slots = c.count_arg(value or "", opt)
+        elif key == "nb" or key == "wait":
+            if o._wait_opt and o._wait_opt != opt:
+                raise c.UsageError("%s and %s cannot be used together" % (o._wait_opt, opt), command)
+            o._wait_opt = opt
+            o.wait = 0.0 if key == "nb" else c.duration_arg(value or "", opt)
+        elif key == "code":
+            o.conflict_code = c.exit_code_arg(value or "", opt)
+        elif key == "dir":
+            if not value:
+                raise c.UsageError("%s needs a directory" % opt, command)
+            o.directory = value
+        elif key == "mechanism":
+            if value not in _MECHANISMS:
+                raise c.UsageError("%s: invalid mechanism %r: use %s" % (opt, value, ", ".join(_MECHANISMS)),
+                                   command)
+            o.mechanism = value
+        elif key == "label":
+            o.label = value
+        elif key == "path":
+            if not value:
+                raise c.UsageError("%s needs a file" % opt, command)
+            o.path = value
+        elif key == "shell":
+            if o.shell is not None:
+                raise c.UsageError("%s given twice" % opt, command)
+            o.shell = value
+        elif key == "timeout_refused":
+            # flock(1)'s --timeout waits for the lock; ours used to limit the job's run time. Accepting
+            # either meaning silently would change what a migrated script or an old cron line does.
+            raise c.UsageError("%s is ambiguous: flock(1)'s --timeout waits for the lock (use -w/--wait "
+                               "%s); to limit the job's run time use --time-limit %s" % (opt, value, value),
+                               command)
+        elif key == "timeout":
+            o.timeout = c.duration_arg(value or "", opt)
+            if o.timeout <= 0:
+                raise c.UsageError("%s must be more than 0" % opt, command)
+        elif key == "kill_after":
+            o.kill_after = c.duration_arg(value or "", opt)
+        elif key == "pgroup":
+            if value not in _PGROUPS:
+                raise c.UsageError("%s: invalid mode %r: use %s" % (opt, value, ", ".join(_PGROUPS)), command)
+            o.pgroup = value
+        elif key == "quiet":
+            o.quiet = True
+        elif key == "verbose":
+            o.verbose = True
+        elif key == "help":
+            o.help = True
+        elif key == "name":
+            o.name = value
+        elif key == "on_conflict":
+            if value not in _ON_CONFLICT:
+                raise c.UsageError("%s: invalid mode %r: use %s" % (opt, value, ", ".join(_ON_CONFLICT)), command)
+            o.on_conflict = value
+        elif key == "syslog":
+            o.syslog = True
+        elif key == "syslog_socket":
+            o.syslog = True
+            o.syslog_socket = value or ""
+
+    spec = _CRON_SPEC if cron else _RUN_SPEC
+    i, dashdash = c.getopt(args, 0, spec, handle, command)
+    if o.help:
+        return o
+    if not cron and o.path is None:
+        if i >= len(args):
+            raise c.UsageError("missing lock NAME and COMMAND", command)
+        o.name = args[i]
+        i += 1
+        if not dashdash:  # options may also follow NAME (flock's `flock FILE -c CMD`)
+            i, dashdash = c.getopt(args, i, spec, handle, command)
+            if o.help:
+                return o
+    rest = args[i:]
+    if o.shell is not None:
+        if rest:
+            raise c.UsageError("-c takes exactly one shell command; unexpected %s" % c.quote(rest[0]), command)
+        if not o.shell.strip():
+            raise c.UsageError("-c needs a non-empty shell command", command)
+        o.command = [_SHELL, "-c", o.shell]
+    elif not rest:
+        raise c.UsageError("missing COMMAND (give it after NAME, after '--', or with -c)", command)
+    else:
+        o.command = rest
+    if o.slots > 1 and o.mode == "shared":
+        raise c.UsageError("--slots and --shared cannot be used together (a semaphore's slots are exclusive)",
+                           command)
+    if o.path is not None:
+        if o.name is not None and not cron:
+            raise c.UsageError("give a lock NAME or --path FILE, not both", command)
+        if o.slots > 1 or o.directory is not None or o.mechanism == "record":
+            raise c.UsageError("--path locks FILE as flock(1) does: --slots, --dir and --mechanism record do "
+                               "not apply", command)
+        if cron and o.name is not None:
+            raise c.UsageError("give --name or --path, not both", command)
+        o.name = o.path
+    if cron and o.wait is None:
+        o.wait = 0.0  # a cron run that finds the previous one still going is skipped, not queued
+    return o
+
+
+
+
+def make_lock(o: Options) -> Lock:
+    """Build the engine's Lock from the options (validates the name: InvalidName -> exit 64)."""
+    if o.path is not None:
+        from ._pathlock import PathLock
+
+        return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")  # type: ignore[return-value]
+    from . import Lock
+
+    assert o.name is not None  # the parser sets a name whenever --path is absent
+    return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,
+                label=o.label)
+
+
+def job_of(o: Options, out_fd: int | None = None) -> Job:
+    """The supervisor's job spec from the options (decides the process group now)."""
+    return Job(o.command, new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout,
+               kill_after=o.kill_after, verbose=o.verbose)
+
+
+def recorder(lock: Lock, o: Options) -> Callable[[int], None]:
+    """The supervisor's on_start: name the job (pid, command line) in the lock's owner record for status."""
+
+    def record(pid: int) -> None:
+        try:
+            lock.update_record(job_pid=pid, job_cmdline=c.join_command(o.command))
+        except Exception as exc:  # status would name hostlock instead of the job: say so, keep going
+            if o.verbose:
+                c.say("cannot record the job's pid in the owner record: %s" % c.describe_error(exc))
+
+    return record

@@ -1,0 +1,371 @@
+"""The process supervisor of `hostlock run`, `cron` and `flock`: fork and exec a job, forward signals to it,
+enforce a time limit, reap it; tie its life to ours.
+
+It takes an explicit `Job` (argv, environment additions, process group, output descriptor, time limits) and
+knows nothing of command lines or locks, so every command that runs a job shares one supervisor.
+
+Design (what flock(1) gets wrong, see docs/cli.md):
+- hostlock stays the parent and holds the lock; the job is forked and exec'd. The engine's descriptors are
+  close-on-exec, so neither the job nor anything it starts (a daemon) can keep the lock after we exit.
+- The child sets PR_SET_PDEATHSIG(SIGKILL) before exec, then checks its parent is still us: if hostlock
+  dies, even by SIGKILL, the job dies too. Outside an interactive terminal the job also gets its own
+  process group and a watcher process kills that whole group when hostlock's end of a pipe closes, so
+  a `sh -c` job's children do not run on unlocked either.
+- Signals are blocked and collected with sigtimedwait(), never handled asynchronously: TERM, INT, HUP, QUIT,
+  USR1 and USR2 are forwarded to the job (except keyboard signals the job got from the terminal itself),
+  SIGCHLD ends the wait, the time limit is the wait's own deadline. No threads, no handlers, no races.
+- Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
+  no subprocess, argparse, re or json).
+"""
+
+from __future__ import annotations
+
+import _signal
+import os
+import sys
+import time
+
+from . import _cli_common as c
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
+FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
+_WAITED = set(FORWARDED) | {_signal.SIGCHLD}
+_SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a terminal
+_PR_SET_PDEATHSIG = 1
+DEFAULT_KILL_AFTER = 10.0
+PROCESS_GROUPS = ("auto", "new", "same")
+
+
+class Job:
+    """What to run and how; no command-line options, no lock."""
+
+    __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose")
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, new_group: bool = True,
+                 out_fd: int | None = None, time_limit: float | None = None,
+                 kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False) -> None:
+        self.argv = argv
+        self.env = env  # added to (or replacing entries of) our environment; None: ours unchanged
+        self.new_group = new_group  # the job leads its own process group (killed whole with us)
+        self.out_fd = out_fd  # the job's stdout and stderr; None: ours
+        self.time_limit = time_limit  # seconds the job may run, then SIGTERM; None: no limit
+        self.kill_after = kill_after  # seconds from that SIGTERM to SIGKILL
+        self.verbose = verbose  # say what happens, on stderr
+
+
+def new_group_for(mode: str) -> bool:
+    """--process-group MODE as a decision: auto = a group of its own unless we are a terminal's foreground
+    job (there the job must stay in the foreground group to read the terminal and get its Ctrl-C)."""
+    return mode == "new" or (mode == "auto" and not _in_terminal_foreground())
+
+
+def _prctl() -> object:
+    """libc's prctl(2) as a callable, or None; made in the parent before fork so the child only calls it.
+
+    `_ctypes` directly: `import ctypes` costs ~4 ms more, and importing in the forked child costs more
+    than here (copy-on-write faults), on the path every `hostlock run` waits for.
+    """
+    try:
+        import _ctypes
+
+        class _Int(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class _Func(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = _Int
+
+        class _Self:
+            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type] # dlopen(NULL): the main program; typeshed wants a path
+
+        return _Func(("prctl", _Self()))  # type: ignore[arg-type] # CFuncPtr reads only _handle: no CDLL needed
+    except Exception:
+        pass
+    try:  # the documented way, should the private one ever change
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:
+        return None
+
+
+def _exec_child(job: Job, parent: int, mask: object, prctl: object) -> None:
+    """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
+    argv = job.argv
+    out_fd = job.out_fd
+    code = c.EX_OSERR
+    try:
+        if job.new_group:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
+        if os.getppid() != parent:
+            # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
+            os._exit(c.EX_OSERR)
+        if out_fd is not None:
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+        # Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as subprocess
+        # restores them). A SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+        if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+        execvp(argv, job.env)
+    except OSError as exc:
+        c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
+        code = c.EX_OSERR if exc.errno == c._errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
+    except BaseException:  # never let the child fall back into the parent's code
+        pass
+    finally:
+        os._exit(code)
+
+
+def execvp(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """execvp(3), with `env` added to our environment: search PATH like the shell (the job's own PATH).
+
+    os.execvp would import `warnings` (~1 ms) on every run.
+    """
+    file = argv[0]
+    environ = os.environ
+    if env:
+        environ = dict(os.environ)  # type: ignore[assignment]
+        environ.update(env)
+    if "/" in file:
+        os.execve(file, argv, environ)
+    path = environ.get("PATH")
+    dirs = (path if path is not None else os.defpath).split(":")
+    first: OSError | None = None
+    for d in dirs:
+        try:
+            os.execve(os.path.join(d or ".", file), argv, environ)
+        except OSError as exc:
+            # Keep looking past "not here"; remember the first real reason (EACCES...), as execvp(3) does.
+            if exc.errno not in (c._errno.ENOENT, c._errno.ENOTDIR) and first is None:
+                first = exc
+    raise first or FileNotFoundError(c._errno.ENOENT, os.strerror(c._errno.ENOENT), file)
+
+
+def _in_terminal_foreground() -> bool:
+    """True when hostlock is the foreground job of its controlling terminal (an interactive shell)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no controlling terminal: cron, ssh without -t, systemd, ansible
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _start_watcher(group: int) -> int:
+    """Fork a tiny process that SIGKILLs the job's process group if hostlock dies; returns our pipe end.
+
+    PR_SET_PDEATHSIG reaches only the direct child (and is dropped by a setuid exec, e.g. sudo); this
+    covers the rest of the group. The watcher blocks in read() and gets EOF when hostlock's last copy of
+    the write end closes, however hostlock ends; a normal exit writes one byte first, meaning "done".
+    """
+    r, w = os.pipe()  # close-on-exec: the job never holds either end
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(w)
+            for fd in (0, 1, 2):  # never hold our caller's pipes open (`out=$(hostlock run ...)`)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            while True:
+                try:
+                    data = os.read(r, 1)
+                    break
+                except InterruptedError:
+                    continue
+            if not data:
+                try:
+                    os.killpg(group, _signal.SIGKILL)
+                except OSError:
+                    pass
+        finally:
+            os._exit(0)
+    os.close(r)
+    return w
+
+
+class Outcome:
+    """How the job ended."""
+
+    __slots__ = ("status", "timed_out", "elapsed", "pid", "tty_sigint")
+
+    def __init__(self, status: int, timed_out: bool, elapsed: float, pid: int, tty_sigint: bool) -> None:
+        self.status = status  # raw wait status
+        self.timed_out = timed_out
+        self.elapsed = elapsed
+        self.pid = pid
+        self.tty_sigint = tty_sigint  # a keyboard SIGINT reached us (and the job) from the terminal
+
+    def exit_code(self) -> int:
+        """flock(1)'s convention: the job's status, 128+N for signal N; 124 after --time-limit."""
+        if self.timed_out:
+            return c.EX_TIMEOUT
+        if os.WIFSIGNALED(self.status):
+            return 128 + os.WTERMSIG(self.status)
+        return os.WEXITSTATUS(self.status)
+
+    def describe(self) -> str:
+        """'exit status 3', 'killed by signal 9 (SIGKILL)', 'timed out ...' for messages."""
+        if os.WIFSIGNALED(self.status):
+            sig = os.WTERMSIG(self.status)
+            what = "killed by signal %d (%s)" % (sig, _signame(sig))
+        else:
+            what = "exit status %d" % os.WEXITSTATUS(self.status)
+        if self.timed_out:
+            what = "timed out, %s" % what
+        return "%s after %s" % (what, c.format_span(self.elapsed))
+
+
+def _signame(sig: int) -> str:
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL", "SIGSEGV",
+                 "SIGABRT", "SIGPIPE", "SIGALRM", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGXCPU"):
+        if getattr(_signal, name, None) == sig:
+            return name
+    return "SIG%d" % sig
+
+
+def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcome:
+    """Fork and exec the job, forward signals, enforce its time limit, reap it.
+
+    `on_start(pid)` runs once the job is forked (e.g. to record its pid in the owner record). The caller
+    holds the lock throughout.
+    """
+    argv = job.argv
+    new_group = job.new_group
+    verbose = job.verbose
+    prctl = _prctl()
+    if prctl is None and verbose:
+        c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
+    parent = os.getpid()
+    old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
+    started = time.monotonic()
+    try:
+        pid = os.fork()
+    except OSError:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+        raise
+    if pid == 0:
+        _exec_child(job, parent, old_mask, prctl)
+    watcher = -1
+    if new_group:
+        try:
+            os.setpgid(pid, pid)  # also here: no window where a forwarded signal misses the new group
+        except OSError:
+            pass  # EACCES: the child already exec'd, after its own setpgid
+        try:
+            watcher = _start_watcher(pid)
+        except OSError as exc:
+            if verbose:
+                c.say("no watcher process (%s): if hostlock is killed only the job's first process dies"
+                      % exc.strerror)
+    if on_start is not None:
+        on_start(pid)
+    if verbose:
+        c.say("job started: pid %d%s: %s" % (pid, ", own process group" if new_group else "",
+                                             c.join_command(argv)))
+
+    def send(sig: int) -> None:
+        try:
+            if new_group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except OSError:
+            pass
+
+    deadline = started + job.time_limit if job.time_limit is not None else None
+    timed_out = False
+    killed = False
+    tty_sigint = False
+    status = 0
+    try:
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # cannot happen unless someone reaped it for us
+                break
+            if done == pid:
+                break
+            if deadline is None:
+                info = _signal.sigwaitinfo(_WAITED)
+            else:
+                info = _signal.sigtimedwait(_WAITED, max(0.0, deadline - time.monotonic()))
+            if info is None:  # the deadline passed
+                if not timed_out:
+                    timed_out = True
+                    if verbose:
+                        c.say("job ran longer than %s: sending SIGTERM" % c.format_span(job.time_limit or 0))
+                    send(_signal.SIGTERM)
+                    send(_signal.SIGCONT)  # a stopped job must wake up to die
+                    deadline = time.monotonic() + job.kill_after
+                elif not killed:
+                    killed = True
+                    if verbose:
+                        c.say("job still running %s after SIGTERM: sending SIGKILL" % c.format_span(job.kill_after))
+                    send(_signal.SIGKILL)
+                    deadline = None
+                continue
+            sig = info.si_signo
+            if sig == _signal.SIGCHLD:
+                continue
+            if not new_group and info.si_code == _SI_KERNEL:
+                # From our terminal: the job is in our process group and got this very signal already.
+                if sig == _signal.SIGINT:
+                    tty_sigint = True
+                continue
+            sender = info.si_pid
+            if sender and (sender == pid or (new_group and _pgid(sender) == pid)):
+                continue  # sent by the job itself: forwarding it back could ping-pong forever
+            if verbose:
+                c.say("forwarding %s to the job" % _signame(sig))
+            send(sig)
+    finally:
+        if watcher >= 0:
+            try:
+                os.write(watcher, b"x")
+            except OSError:
+                pass
+            os.close(watcher)
+        # Signals that came after the job ended were meant for it, not for us: drop them, then restore
+        # the mask (for callers of main() in a process that goes on).
+        while _signal.sigtimedwait(_WAITED, 0) is not None:
+            pass
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+    return Outcome(status, timed_out, time.monotonic() - started, pid, tty_sigint)
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
+
+
+def die_like(outcome: Outcome) -> None:
+    """If the terminal's Ctrl-C killed the job, die of SIGINT too, so a calling shell loop stops.
+
+    This is the "wait and cooperative exit" convention shells rely on (bash continues a loop when its
+    child *exits* 130, and stops when it is *killed* by SIGINT). Only for a keyboard SIGINT that reached
+    hostlock and the job alike; every other case exits with 128+N like flock(1).
+    """
+    if not (outcome.tty_sigint and os.WIFSIGNALED(outcome.status)
+            and os.WTERMSIG(outcome.status) == _signal.SIGINT):
+        return
+    sys.stdout.flush()
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
+    os.kill(os.getpid(), _signal.SIGINT)
