@@ -31,7 +31,7 @@ from . import _cli_common as c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Callable
+    from typing import Callable, Mapping
 
 FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
 _WAITED = set(FORWARDED) | {_signal.SIGCHLD}
@@ -133,10 +133,7 @@ def execvp(argv: list[str], env: dict[str, str] | None = None) -> None:
     os.execvp would import `warnings` (~1 ms) on every run.
     """
     file = argv[0]
-    environ = os.environ
-    if env:
-        environ = dict(os.environ)  # type: ignore[assignment]
-        environ.update(env)
+    environ: Mapping[str, str] = {**os.environ, **env} if env else os.environ
     if "/" in file:
         os.execve(file, argv, environ)
     path = environ.get("PATH")
