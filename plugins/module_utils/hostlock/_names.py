@@ -38,7 +38,7 @@ _DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d"
 # (threading.TIMEOUT_MAX, 292 years on Linux), sigtimedwait()'s timespec and time_t all reach further.
 # Node's setTimeout has the same ceiling. Longer needs are served by renewing a lease or waiting forever.
 MAX_DURATION: float = min((2**31 - 1) / 1000.0, _thread.TIMEOUT_MAX)
-_LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, MAX_DURATION / 86400)
+_LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, math.floor(MAX_DURATION / 8640) / 10)  # 24.8: never over
 
 
 def check_duration(value: object, what: str = "duration", *, positive: bool = False,
