@@ -214,3 +214,25 @@ def test_a_stopped_holder_is_a_bounded_wait_then_a_clear_error(victim, lockdir, 
     finally:
         os.kill(pid, signal.SIGCONT)
     _still_held_and_owner_in_control(lockdir, token)
+
+
+def test_root_may_renew_and_release_another_users_lease(tmp_path):
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="hostlock-lease-", dir="/tmp")  # reachable by uid 65534, unlike tmp_path
+    try:
+        os.chown(d, 65534, 65534)
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import hostlock; "
+                "print(hostlock.hold('theirs', lease=600, directory=sys.argv[2]))")
+        r = subprocess.run(NOBODY + [PYTHON, "-I", "-c", code, os.path.dirname(os.path.dirname(hostlock.__file__)),
+                                     d], capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r
+        token = r.stdout.strip()
+        # (Root's own status refuses a directory another user owns; the lease's channel needs no directory.)
+        assert hostlock.renew("theirs", token, lease=120, directory=d) > time.time() + 100
+        hostlock.release("theirs", token, d)
+        with pytest.raises(hostlock.TokenError) as e:
+            hostlock.renew("theirs", token, directory=d)
+        assert e.value.reason == "gone"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
