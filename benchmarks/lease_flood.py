@@ -79,7 +79,7 @@ def main() -> int:
     kinds = ["quiet", "500 idle", "connect loop"]
     samples: dict = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as d:
-        for _ in range(args.rounds):
+        for _round in range(args.rounds):
             for k in kinds:
                 samples[k].append(one(k, d))
     print("| owner's release (%d rounds) | median ms | p90 ms | max ms |" % args.rounds)

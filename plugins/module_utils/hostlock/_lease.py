@@ -255,7 +255,7 @@ class _Channel:
                 return
             wake = min([self.deadline] + [c[1] for c in self.conns.values()])
             # At most an hour per wait: far inside poll()'s int of milliseconds, whatever the rounding.
-            for key, _ in self.sel.select(min(max(0.0, wake - now), 3600.0)):
+            for key, _mask in self.sel.select(min(max(0.0, wake - now), 3600.0)):
                 if key.fileobj is self.sock:
                     self._accept()
                 else:
@@ -270,7 +270,7 @@ class _Channel:
     def _accept(self) -> None:
         # A bounded round, then back to select: a flood of connects cannot keep the loop from the lease's
         # deadline or from peers already accepted.
-        for _ in range(256):
+        for _round in range(256):
             try:
                 conn = self.sock.accept()[0]
             except OSError:  # EAGAIN: drained; ECONNABORTED and the like: that peer's problem
@@ -440,7 +440,7 @@ def _request(name: str, token: str, directory: str | None, verb: str, arg: str =
                                 directory=directory, errno=errno.ETIMEDOUT)
     if not reply:
         raise gone
-    body, _, proof = reply.rpartition(" ")
+    body, _sep, proof = reply.rpartition(" ")
     proven = hmac.compare_digest(proof.encode(), _proof(secret, "answer", nonce + " " + body).encode())
     if body.startswith("OK") and proven:
         return body

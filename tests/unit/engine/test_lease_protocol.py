@@ -53,7 +53,7 @@ def test_no_line_without_the_secret_makes_the_holder_raise_or_act(channel, line)
 def test_a_proven_request_acts_and_its_answer_is_proven(channel):
     line, nonce = _request("renew", "120")
     answer = channel._answer(line).decode().strip()
-    body, _, proof = answer.rpartition(" ")
+    body, _sep, proof = answer.rpartition(" ")
     assert body.startswith("OK ") and proof == _lease._proof(SECRET, "answer", nonce + " " + body)
     for bad in (_request("renew", "120", secret="f" * 32)[0], _request("renew", "120", name="other")[0],
                 _request("renew", "1e10")[0], _request("renew", "nan")[0], _request("stop")[0]):
