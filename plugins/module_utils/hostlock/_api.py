@@ -279,10 +279,12 @@ def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel:
     if planted:
         h.problem = planted
     # Stale means break can act: a record proven dead (never one the kernel still holds), or an ended
-    # lease whose holder is not disproven. A forged record or one naming a process that does not hold the
-    # lock is not stale: break would not, and must not, act on it.
+    # lease whose holder is alive here and not disproven (root can prove it; another user's cannot be
+    # examined, and break refuses them anyway). A forged record, one naming a process that does not hold
+    # the lock, or one from another host or PID namespace is not stale: break would not act on it.
     h.stale = not h.forged and not planted and (
-        (h.lease_expired and h.verified is not False) or (h.alive is False and not held_by_kernel))
+        (h.lease_expired and h.alive is True and h.verified is not False)
+        or (h.alive is False and not held_by_kernel))
     return h
 
 
