@@ -68,4 +68,4 @@ clean:
 	find . -path ./.venv -prune -o -path ./.git -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 
 distclean: clean
-	rm -rf $(VENV) $(VENV).lock
+	rm -rf $(VENV) $(VENV).lock .venv-ansible-* .venv-py*

@@ -1,11 +1,14 @@
-# Release quality: the type checker (and, in tests/unit, the published tarball).
+# Release quality: the type checker, the tested ansible-core range (and, in tests/unit, the published tarball).
 #
 #   make typecheck            mypy (pinned in requirements/dev.txt, mypy.ini): lib/hostlock as Python 3.8;
 #                             the modules (they run on targets: 3.8 too) and the controller plugins (3.11)
 #                             in the ansible_collections/hostlock/core layout they are imported from
+#   make test-ansible-matrix  a real ansible-playbook smoke (lock, lock_info, locked, serialize; local connection)
+#                             on each tested ansible-core: 2.19 (.venv, Python 3.11), 2.20 (3.12) and 2.21 (3.13),
+#                             each in .venv-ansible-X.Y from requirements/ansible-X.Y.txt (tools/ansible_matrix.sh)
 #   (tests/unit/test_galaxy_build.py builds the tarball and checks its file list: part of test-unit)
 
-.PHONY: typecheck
+.PHONY: typecheck test-ansible-matrix
 
 MYPY := $(abspath $(VENV_BIN))/mypy
 COLLECTION_PKG := ansible_collections.hostlock.core.plugins
@@ -24,3 +27,9 @@ typecheck: venv
 
 TEST_TARGETS += typecheck
 QUICK_TARGETS += typecheck
+
+MATRIX_VERSIONS ?= 2.19 2.20 2.21
+test-ansible-matrix: venv module-utils
+	@tools/ansible_matrix.sh $(MATRIX_VERSIONS)
+
+TEST_TARGETS += test-ansible-matrix
