@@ -21,8 +21,8 @@ versions=("$@")
 # The newest pyenv CPython X.Y, else pythonX.Y on PATH: the real binary, not a shim.
 find_python() {
     local v=$1 py
-    py=$(ls -d "$pyenv_root"/versions/"$v".*/bin/python"$v" 2>/dev/null | sort -V | tail -n 1 || true)
-    if [[ -z "$py" ]]; then
+    py=$(printf '%s\n' "$pyenv_root"/versions/"$v".*/bin/python"$v" | sort -V | tail -n 1)
+    if [[ ! -x "$py" ]]; then
         py=$(command -v "python$v" 2>/dev/null || true)
     fi
     [[ -n "$py" ]] && "$py" -c 'import sys; print(sys.executable)' 2>/dev/null
