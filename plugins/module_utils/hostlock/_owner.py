@@ -76,8 +76,6 @@ def pid_namespace() -> str:
     return "%x:%x" % (st.st_dev, st.st_ino)
 
 
-
-
 def cmdline(pid: int) -> str | None:
     """Live command line of `pid` (NULs become spaces), None when unreadable."""
     if _HAS_PROC:

@@ -8,23 +8,19 @@ import subprocess
 import sys
 import time
 
+import engine_helpers
 import pytest
 from conftest import wait_until
-from engine_helpers import (
-    LIB,
-    as_member,
-    needs_users,
-    shared_group,  # noqa: F401 - fixture
-    start_victim,
-    victim_signals,
-)
+from engine_helpers import LIB, as_member, needs_users, start_victim, victim_signals
 
 import hostlock
 from hostlock import _owner
 
+shared_group = engine_helpers.shared_group  # a fixture
+
 
 @needs_users
-def test_status_shows_a_forged_record_and_root_break_leaves_its_victim_alone(cli, shared_group):  # noqa: F811
+def test_status_shows_a_forged_record_and_root_break_leaves_its_victim_alone(cli, shared_group):
     shared, gid = shared_group
     hostlock.Lock("init", directory=shared, mechanism="record").close()
     victim = start_victim()

@@ -6,3 +6,4 @@ import engine_helpers  # tests/ is on the import path (pytest.ini)
 
 lockdir = engine_helpers.lockdir
 mechdir = engine_helpers.mechdir
+shared_group = engine_helpers.shared_group

@@ -19,7 +19,6 @@ from engine_helpers import (
     LIB,
     as_member,
     needs_users,
-    shared_group,  # noqa: F401 - fixture
     spawn,
     start_victim,
     victim_signals,
@@ -44,7 +43,7 @@ def _forge_owner_file(shared: str, gid: int, name: str, victim: int, lease: floa
 
 
 @needs_users
-def test_forged_record_is_reported_and_root_break_never_signals_its_victim(shared_group):  # noqa: F811
+def test_forged_record_is_reported_and_root_break_never_signals_its_victim(shared_group):
     shared, gid = shared_group
     hostlock.Lock("init", directory=shared, mechanism="record").close()
     victim = start_victim()
@@ -65,7 +64,7 @@ def test_forged_record_is_reported_and_root_break_never_signals_its_victim(share
 
 
 @needs_users
-def test_group_member_cannot_get_a_process_signalled_by_naming_it_in_an_unforged_record(shared_group):  # noqa: F811
+def test_group_member_cannot_get_a_process_signalled_by_naming_it_in_an_unforged_record(shared_group):
     """A member's own record (its file, its uid) naming root's process: uid and open files disprove it."""
     shared, gid = shared_group
     hostlock.Lock("init", directory=shared, mechanism="record").close()
@@ -232,7 +231,7 @@ sys.stdin.read()
 @pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="needs /usr/bin/python3 for the other user")
 @pytest.mark.parametrize("mechanism", ["ofd", "record"])
 @pytest.mark.parametrize("breaker", ["root", "member"])
-def test_a_group_members_real_stopped_holder_is_proven_not_forged_and_ended(shared_group, mechanism, breaker):  # noqa: F811
+def test_a_group_members_real_stopped_holder_is_proven_not_forged_and_ended(shared_group, mechanism, breaker):
     """No false alarm: a member's own record is theirs (not forged), proven, and its ended lease breakable by
     root or by the member (whose /proc/PID/fd of their own process the kernel lets them read)."""
     shared, gid = shared_group
