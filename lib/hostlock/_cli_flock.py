@@ -335,6 +335,19 @@ def take_lock(o: Options, fd: int, flags: int) -> int:
     return fd
 
 
+def _reap_watcher() -> None:
+    """Wait for the watcher process (--process-group new) to exit: it was forked while we held the lock's
+    descriptor and shares it, so until it is gone the lock would outlive us. It exits at once: supervise
+    has told it the job is done. (A zombie holds no descriptors; reaping is only the way to wait.)"""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
 def run_command(o: Options, fd: int) -> int:
     """Run the command holding the lock: exec it (-F), or fork, supervise and pass its status on."""
     if o.verbose:
@@ -364,10 +377,13 @@ def run_command(o: Options, fd: int) -> int:
     # --process-group new: its own group, killed whole if hostlock dies, and signals to the caller's
     # group reach the command once (forwarded), not twice.
     try:
-        outcome = supervise(Job(o.command, new_group=new_group_for(o.pgroup)))
+        job = Job(o.command, new_group=new_group_for(o.pgroup))
+        outcome = supervise(job)
     except OSError as exc:
         warn("fork failed: %s" % (exc.strerror or exc))
         return c.EX_OSERR
+    if job.new_group:
+        _reap_watcher()
     die_like(outcome)
     return outcome.exit_code()
 

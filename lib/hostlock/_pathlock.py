@@ -76,6 +76,15 @@ def lock_fd(fd: int, op: int, block: bool, ofd: bool = False, start: int = 0, le
     fcntl.fcntl(fd, F_OFD_SETLKW if block else F_OFD_SETLK, arg)
 
 
+def unlock_fd(fd: int, ofd: bool = False, start: int = 0, length: int = 0) -> None:
+    """Drop the lock on the open file description now, whoever else still has a copy of the descriptor
+    (a watcher process winding down must not hold it past us); errors are moot, the lock goes at exit."""
+    try:
+        lock_fd(fd, fcntl.LOCK_UN, False, ofd, start, length)
+    except OSError:
+        pass
+
+
 class _TimedOut(Exception):
     """Raised by the SIGALRM handler: interrupts the blocking lock call (PEP 475 retries EINTR otherwise)."""
 
@@ -158,7 +167,8 @@ class PathLock:
 
     def release(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)  # the last descriptor of the description closes: the kernel drops the lock
+            unlock_fd(self.fd, self.ofd)  # now, though hostlock's watcher process may still share the fd
+            os.close(self.fd)
             self.fd = -1
 
     def update_record(self, **_kw: object) -> None:

@@ -360,6 +360,18 @@ def test_command_dies_with_hostlock(launcher, tmp_path, procs):
     assert Side("flock", launcher, tmp_path).run(["-n", "FILE", "true"]).returncode == 0
 
 
+def _children(pid):
+    kids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if entry.isdigit() and int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
 @pytest.mark.parametrize("mode", ["same", "new"])
 def test_process_group_decides_whether_grandchildren_die_with_hostlock(mode, launcher, tmp_path, procs):
     """SIGKILL to `hostlock flock -o`: by default (as with flock(1)) a grandchild of the command runs on,
@@ -371,6 +383,10 @@ def test_process_group_decides_whether_grandchildren_die_with_hostlock(mode, lau
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=side.env)
     procs.append(p)
     grandchild = int(p.stdout.readline())
+    if mode == "new":
+        # hostlock forks its watcher just after the job: SIGKILL before that leaves only PDEATHSIG (the
+        # job's first process). Kill it once both children exist, as a real kill later on would find them.
+        wait_until(lambda: len(_children(p.pid)) == 2, what="hostlock's job and watcher")
     p.kill()
     p.wait(timeout=30)
     try:
@@ -382,6 +398,17 @@ def test_process_group_decides_whether_grandchildren_die_with_hostlock(mode, lau
     finally:
         gate.touch()
         wait_until(lambda: not pid_alive(grandchild), what="the grandchild to end")
+
+
+@pytest.mark.parametrize("close", [[], ["-o"]], ids=["inherit", "close"])
+def test_lock_is_free_when_hostlock_exits_with_a_watcher(close, launcher, tmp_path):
+    """With --process-group new hostlock has a watcher process; it never holds the lock past hostlock's
+    exit, so the next flock -n right after succeeds (repeated: the window would be short)."""
+    side = Side("hostlock", launcher, tmp_path)
+    other = Side("flock", launcher, tmp_path)
+    for _round in range(10):
+        assert side.run(["--process-group", "new", *close, "FILE", "true"]).returncode == 0
+        assert other.run(["-n", "FILE", "true"]).returncode == 0
 
 
 def test_fifo_at_the_lock_path_is_refused(launcher, tmp_path):

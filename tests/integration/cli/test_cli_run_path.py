@@ -52,6 +52,15 @@ def test_excludes_flock1_and_its_job_does_not_inherit_the_lock(cli, tmp_path):
     assert subprocess.run([FLOCK, "-n", str(lock), "true"], check=False).returncode == 0
 
 
+def test_lock_is_free_as_soon_as_run_exits(cli, tmp_path):
+    """run's watcher process shares the lock's descriptor; release unlocks explicitly, so the lock is
+    free the moment hostlock exits, not when the watcher gets round to exiting (repeated)."""
+    lock = tmp_path / "f"
+    for _round in range(10):
+        assert cli.run("run", "--path", lock, "true").returncode == 0
+        assert subprocess.run([FLOCK, "-n", str(lock), "true"], check=False).returncode == 0
+
+
 def test_shared_and_ofd(cli, tmp_path):
     lock = tmp_path / "f"
     h = _hold_with_flock(lock, "-s")
