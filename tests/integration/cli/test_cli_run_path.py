@@ -1,6 +1,7 @@
 """`hostlock run --path FILE`: flock(1)'s lock on FILE beside named locks, with run's supervision."""
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -97,3 +98,10 @@ def test_cron_path(cli, tmp_path):
         h.wait()
     r = cli.run("cron", "--path", lock, "--", "sh", "-c", "echo out; exit 2")
     assert r.returncode == 2 and "out" in r.stdout
+
+
+def test_fifo_at_the_path_is_refused(cli, tmp_path):
+    """run --path opens the file the way hostlock flock does (one home, _pathlock): a FIFO is exit 66."""
+    os.mkfifo(tmp_path / "f")
+    r = cli.run("run", "-n", "--path", tmp_path / "f", "true")
+    assert r.returncode == 66 and "FIFO" in r.stderr and r.stderr.count("\n") == 1
