@@ -11,12 +11,23 @@ type: aggregate
 short_description: Run plays one after the other when two ansible-playbook runs target the same hosts
 version_added: 0.1.0
 description:
-  - On the control node, takes one hostlock lock per host of a play, in sorted order, when the play
-    starts (each C(serial) batch on its own), and releases them when the next play starts or the
-    playbook ends. A second C(ansible-playbook) run whose play shares a host waits; runs on disjoint
-    hosts go on in parallel. Locking in one global order means two runs never deadlock.
-  - The locks are kernel locks held by the C(ansible-playbook) process, so they are freed at once
-    when it exits or is killed, even with SIGKILL.
+  - On the control node, takes a hostlock lock for every host of a play, in one global order, when the
+    play starts (each C(serial) batch on its own), and releases them when the next play starts or the
+    playbook ends (O(scope=play)), or holds them to the end of the playbook (O(scope=playbook)). A
+    second C(ansible-playbook) run whose play shares a host waits; runs on disjoint hosts go on in
+    parallel. Locking in one global order means two runs never deadlock.
+  - The controller locks are kernel locks held by the C(ansible-playbook) process, so they are freed at
+    once when it exits or is killed, even with SIGKILL. A killed run's task may still be running on a
+    host then; so every task of a serialized play carries a marker in its environment
+    (E(HOSTLOCK_SERIALIZE_HOST), E(HOSTLOCK_SERIALIZE_RUN)), and each play starts with a task that waits
+    on each host until no process of an earlier run carrying that host's marker is left
+    (O(wait_in_flight)).
+  - File descriptors stay bounded whatever the play's size. Hosts hash into 64 buckets; a small play
+    takes each bucket it touches shared and each host exclusive; a play too large for a quarter of
+    the descriptor limit (C(ulimit -n)) takes its buckets exclusive and no host locks. Both kinds
+    exclude each other correctly; large plays only serialize more coarsely.
+  - Everything it prints goes through Ansible's display to standard error (never to standard output,
+    which belongs to the stdout callback, for example a JSON one).
   - It prints whom it waits for, and at the end of each playbook a recap of the lock waits and holds
     reported by M(hostlock.core.lock) and M(hostlock.core.locked) tasks, with a warning for every
     lease the run left held on a host.
@@ -24,12 +35,16 @@ description:
   - A callback cannot fail a run by raising (ansible-core turns its exceptions into warnings). When a
     host stays busy past O(timeout), or at once with O(fail_fast), this callback ends the run itself;
     it prints the holders and exits C(ansible-playbook) with status 75 (EX_TEMPFAIL, "try again
-    later"), before the play runs any task.
+    later"), before the play runs any task of its own. A local error (cannot open the lock directory,
+    out of file descriptors) ends the run with the hostlock command's exit code for it (64-77, never
+    75), so a retry loop on 75 does not retry it forever.
   - Only the inventory hosts a play targets are locked; hosts reached through C(delegate_to) are not.
     Runs must name a host the same way (inventory hostname) to exclude each other.
 requirements:
   - Enable it in C(ansible.cfg) (C(callbacks_enabled = hostlock.core.serialize) under C([defaults]))
     or with C(ANSIBLE_CALLBACKS_ENABLED=hostlock.core.serialize).
+  - For O(wait_in_flight), managed hosts with C(/proc) (Linux), C(/bin/sh) and a C(grep) with C(-z)
+    (GNU or BusyBox).
 options:
   directory:
     description:
@@ -44,7 +59,8 @@ options:
         key: directory
   timeout:
     description:
-      - Seconds to wait for a play's hosts. Omit (or V(-1)) to wait as long as it takes.
+      - Seconds to wait for a play's hosts (the controller locks, then the in-flight work of earlier
+        runs on each host). Omit (or V(-1)) to wait as long as it takes.
       - When the time is up the run ends with status 75, naming the holders.
     type: float
     default: -1
@@ -56,7 +72,7 @@ options:
   fail_fast:
     description:
       - End the run at once (status 75, holders named) when any host of a play is locked by another
-        run, instead of waiting.
+        run, or still runs an earlier run's task, instead of waiting.
     type: bool
     default: false
     env:
@@ -64,10 +80,40 @@ options:
     ini:
       - section: hostlock_serialize
         key: fail_fast
+  scope:
+    description:
+      - V(play) locks each play's hosts when it starts and keeps only what the next play can keep in
+        lock order. V(playbook) locks, when the playbook starts, the hosts of all its plays and holds
+        them until it ends, so no other run gets in between two plays.
+      - With V(playbook), hosts that the callback cannot work out in advance (a play whose C(hosts)
+        uses a variable only known later) are added when their play starts.
+    type: str
+    choices: [play, playbook]
+    default: play
+    env:
+      - name: HOSTLOCK_SERIALIZE_SCOPE
+    ini:
+      - section: hostlock_serialize
+        key: scope
+  wait_in_flight:
+    description:
+      - Start each play with a task that waits on every host until no task of an earlier run (one that
+        was killed, or a C(poll=0) async job it left) still runs there, and mark this run's tasks so
+        that later runs can wait for them in turn.
+      - It sees the processes the connecting (or C(become)) user may inspect; runs that must exclude
+        each other should connect as the same user, or as root.
+    type: bool
+    default: true
+    env:
+      - name: HOSTLOCK_SERIALIZE_WAIT_IN_FLIGHT
+    ini:
+      - section: hostlock_serialize
+        key: wait_in_flight
   prefix:
     description:
       - Lock names are this prefix followed by the inventory hostname (characters a lock name cannot
-        hold are replaced, and a short hash keeps such names apart).
+        hold are replaced, and a short hash keeps such names apart); bucket locks are this prefix
+        followed by C(.bucket-NN). Every run that must exclude the others uses the same prefix.
     type: str
     default: ansible-host@
     env:
@@ -89,6 +135,8 @@ notes:
   - The locks live on the control node. Two control nodes do not see each other's runs; for that,
     lock on the managed host with M(hostlock.core.lock) or M(hostlock.core.locked).
   - C(hostlock status) on the control node lists the runs holding or waiting for hosts.
+  - The in-flight wait is the play's first task after fact gathering (which only reads the host); it
+    is tagged C(always), so C(--skip-tags always) or C(--start-at-task) skip it.
 seealso:
   - module: hostlock.core.lock
   - module: hostlock.core.locked
@@ -99,38 +147,141 @@ author:
 import hashlib
 import os
 import re
-import sys
 import time
 import typing as t
+import uuid
 
 from ansible import context
+from ansible.playbook.block import Block
+from ansible.playbook.task import Task
 from ansible.plugins.callback import CallbackBase
+from ansible.template import Templar
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY, describe_holders
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     Lock,
     LockTimeout,
+    default_directory,
     status,
+)
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common import (
+    EX_TEMPFAIL,
+    describe_error,
+    error_exit_code,
 )
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
 
+try:
+    from ansible.template import trust_as_template
+except ImportError:  # ansible-core < 2.19 templates every string
+    def trust_as_template(value: str) -> str:  # type: ignore[misc]
+        return value
+
+try:
+    import resource
+except ImportError:  # not on this platform: assume the common soft limit
+    resource = None  # type: ignore[assignment]
+
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).
-EXIT_BUSY = 75
+EXIT_BUSY = EX_TEMPFAIL
+# Hosts hash into this many buckets. Every run must use the same number (it decides which bucket lock
+# covers a host), so it is a constant, not an option.
+BUCKETS = 64
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9._+@-]")
+MARK_HOST = "HOSTLOCK_SERIALIZE_HOST"
+MARK_RUN = "HOSTLOCK_SERIALIZE_RUN"
+WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
+# Waits until no process carrying this host's marker from another run is left ($1 host, $2 our run,
+# $3 seconds or -1). /proc/PID/environ is the environment the task started with, which its children
+# inherit; one grep reads them all. Polls every 0.2 s: a process that is not our child cannot be waited
+# for portably (pidfd_open is Linux 5.3+ and Python 3.9+). Exit 75 when the time is up.
+WAIT_SCRIPT = r"""
+want="HOSTLOCK_SERIALIZE_HOST=$1"; mine="HOSTLOCK_SERIALIZE_RUN=$2"; left=$3; said=
+[ -d /proc/self ] || { echo "no /proc: cannot see earlier runs' tasks" >&2; exit 70; }
+while :; do
+  busy=$(grep -lzxF -e "$want" /proc/[0-9]*/environ 2>/dev/null | xargs -r grep -LzxF -e "$mine" 2>/dev/null)
+  [ -z "$busy" ] && break
+  if [ -z "$said" ]; then
+    for e in $busy; do
+      d=${e%/environ}; echo "waiting for pid ${d#/proc/}: $(tr '\0' ' ' < $d/cmdline 2>/dev/null)"
+    done
+    said=1
+  fi
+  if [ "$left" != -1 ]; then
+    [ "$left" -le 0 ] && { echo "still running" >&2; exit 75; }
+    left=$((left - 1))
+  fi
+  sleep 0.2
+done
+[ -n "$said" ] && echo "earlier runs' tasks ended"
+exit 0
+"""
 
 
 def lock_name(prefix: str, host: str) -> str:
     """A valid lock name for a host; names needing changes get a hash so two hosts never collide."""
     clean = _BAD_CHARS.sub("_", host)
     name = prefix + clean
-    if clean != host or len(name) > 100:
+    # a host starting with "." is hashed too: prefix + ".bucket-NN" belongs to the bucket locks
+    if clean != host or len(name) > 100 or host.startswith("."):
         digest = hashlib.sha256(host.encode("utf-8", "surrogateescape")).hexdigest()[:10]
         name = f"{name[:89]}-{digest}"
     return name
 
 
+def bucket_of(host: str) -> int:
+    """The bucket a host hashes into (the same in every run)."""
+    return int.from_bytes(hashlib.sha256(host.encode("utf-8", "surrogateescape")).digest()[:4], "big") % BUCKETS
+
+
+def bucket_name(prefix: str, bucket: int) -> str:
+    return f"{prefix}.bucket-{bucket:02d}"
+
+
+def fd_budget() -> int:
+    """Descriptors the host locks of one play may use: a quarter of the soft limit (the rest is Ansible's)."""
+    soft = 1024
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit != resource.RLIM_INFINITY:
+            soft = limit
+        else:
+            soft = 1 << 20
+    return max(BUCKETS, soft // 4)
+
+
+# A key orders every lock in one global order: a bucket's lock before the host locks inside it.
+Key = t.Tuple[int, int, str]
+
+
+def plan(hosts: t.Iterable[str], budget: int) -> dict[Key, str]:
+    """The locks (key -> mode) that cover these hosts within budget descriptors."""
+    by_bucket: dict[int, list[str]] = {}
+    for host in set(hosts):
+        by_bucket.setdefault(bucket_of(host), []).append(host)
+    count = sum(len(v) for v in by_bucket.values())
+    wanted: dict[Key, str] = {}
+    if count + len(by_bucket) <= budget:
+        for bucket, members in by_bucket.items():
+            wanted[(bucket, 0, "")] = "shared"  # others' large plays take it exclusive
+            wanted.update({(bucket, 1, h): "exclusive" for h in members})
+    else:
+        wanted.update({(bucket, 0, ""): "exclusive" for bucket in by_bucket})
+    return wanted
+
+
+def _with_marker(env: t.Any, marker: dict) -> list:
+    """An `environment` keyword value with this run's marker first (and no earlier run's marker)."""
+    items = env if isinstance(env, list) else [env] if env else []
+    return [marker] + [e for e in items if not (isinstance(e, dict) and MARK_RUN in e)]
+
+
 def _clock() -> str:
     return time.strftime("%H:%M:%S")
+
+
+class _EndRun(SystemExit):
+    """Ends ansible-playbook: SystemExit is not an Exception, so ansible-core's handlers let it pass."""
 
 
 class CallbackModule(CallbackBase):
@@ -141,12 +292,18 @@ class CallbackModule(CallbackBase):
 
     def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
-        self._held: dict[str, tuple[str, Lock, float]] = {}  # host -> (lock name, lock, monotonic taken)
+        self._held: dict[Key, tuple[str, Lock, str, float]] = {}  # key -> (name, lock, mode, monotonic taken)
         self._playbook = "?"
         self._check = False
-        self._waits: list[tuple[str, float, float]] = []  # (host, waited, held) of our controller locks
+        self._run_id = uuid.uuid4().hex  # marks this run's tasks on the hosts
+        self._planned: set[str] = set()  # scope=playbook: every host of the playbook found so far
+        self._waits: list[tuple[str, float, float]] = []  # (lock key label, waited, held) of controller locks
         self._uses: dict[tuple[str, str], dict[str, t.Any]] = {}  # (host, lock) -> totals from modules
         self._leases: dict[tuple[str, str], dict[str, dict]] = {}  # (host, lock) -> token_id -> lease
+
+    # -- output: standard error through Ansible's display; stdout belongs to the stdout callback ----
+    def _say(self, msg: str) -> None:
+        self._display.display(msg, stderr=True)
 
     # -- options ---------------------------------------------------------------------------------
     def _timeout(self) -> float | None:
@@ -159,13 +316,36 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_start(self, playbook: t.Any) -> None:
         self._playbook = os.path.basename(getattr(playbook, "_file_name", None) or "?")
         self._check = bool(context.CLIARGS.get("check"))
+        self._planned = set()
+        if self.get_option("scope") == "playbook" and not self._check:
+            self._planned = self._playbook_hosts(playbook)
+            if self._planned:
+                self._lock_hosts(sorted(self._planned), "(whole playbook)")
+
+    def _playbook_hosts(self, playbook: t.Any) -> set[str]:
+        """Every host the playbook's plays name, as far as their patterns can be templated now."""
+        found: set[str] = set()
+        for play in playbook.get_plays():
+            try:
+                vm = play.get_variable_manager()
+                templar = Templar(loader=playbook._loader, variables=vm.get_vars(play=play))
+                pattern = templar.template(play.hosts)
+                found.update(h.name for h in vm._inventory.get_hosts(pattern, order=play.order))
+            except Exception as e:  # a pattern known only later: that play adds its hosts when it starts
+                self._display.vvv(f"hostlock.core.serialize: hosts of play {play.get_name()!r} known later: {e}")
+        return found
 
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
         hosts = self._play_hosts(play)
         if self._check:
             self._report_busy(hosts)
             return
+        if self.get_option("scope") == "playbook":
+            self._planned.update(hosts)
+            hosts = sorted(self._planned)
         self._lock_hosts(hosts, play.get_name())
+        if self.get_option("wait_in_flight"):
+            self._mark_play(play)
 
     def _play_hosts(self, play: t.Any) -> list[str]:
         """The hosts this play (this serial batch) will run on, as the strategy will see them."""
@@ -173,31 +353,43 @@ class CallbackModule(CallbackBase):
         return sorted({h.name for h in inventory.get_hosts(play.hosts, order=play.order)})
 
     def _lock_hosts(self, hosts: list[str], play_name: str) -> None:
-        wanted = set(hosts)
-        # Deadlock freedom: every run takes locks in ascending name order. Keep held locks only while
-        # they all sort below the first lock we still need; release the rest, then take what is missing.
-        missing = sorted(h for h in wanted if h not in self._held)
-        keep = {h for h in self._held if h in wanted and (not missing or h < missing[0])}
-        missing = sorted(wanted - keep)  # a held host released above must be taken again, in order
-        for host in sorted(set(self._held) - keep):
-            self._release(host)
+        wanted = plan(hosts, fd_budget())
+        # Deadlock freedom: every run takes locks in ascending key order. Keep held locks (in the wanted
+        # mode) only while they all sort below the first lock we still need; release the rest, then take
+        # what is missing, in order.
+        missing = sorted(k for k, mode in wanted.items() if self._held.get(k, (None, None, None))[2] != mode)
+        keep = {k for k in self._held if k in wanted and k not in missing and (not missing or k < missing[0])}
+        for key in sorted(set(self._held) - keep):
+            self._release(key)
+        missing = sorted(set(wanted) - keep)
         label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
         directory = self.get_option("directory")
+        prefix = self.get_option("prefix")
         timeout = self._timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for host in missing:
-            name = lock_name(self.get_option("prefix"), host)
+        for key in missing:
+            bucket, _, host = key
+            name = lock_name(prefix, host) if host else bucket_name(prefix, bucket)
+            what = f"host {host}" if host else f"hosts in {name}"
             started = time.monotonic()
+            lock = None
             try:
-                lock = Lock(name, directory=directory, label=label)
-                self._take(lock, host, deadline)
+                lock = Lock(name, directory=directory, label=label, mode=wanted[key])
+                self._take(lock, what, deadline)
             except HostlockError as e:
-                self._end_run(f"hostlock.core.serialize: cannot lock host {host}: {e}")
-            self._held[host] = (name, lock, time.monotonic())
-            self._waits.append((host, time.monotonic() - started, 0.0))
+                if lock is not None:
+                    lock.close()
+                self._end_run(f"hostlock.core.serialize: cannot lock {what}: {describe_error(e)}", error_exit_code(e))
+            except OSError as e:  # out of descriptors or memory: a local error, never "try again" (75)
+                if lock is not None:
+                    lock.close()
+                self._end_run(f"hostlock.core.serialize: cannot lock {what}: {describe_error(e)}", error_exit_code(e))
+            self._held[key] = (name, lock, wanted[key], time.monotonic())
+            if host or wanted[key] == "exclusive":  # a shared bucket lock only lets the host locks coexist
+                self._waits.append((host or name, time.monotonic() - started, 0.0))
 
-    def _take(self, lock: Lock, host: str, deadline: float | None) -> None:
-        """Take one host's lock; say whom we wait for; end the run when the deadline passes."""
+    def _take(self, lock: Lock, what: str, deadline: float | None) -> None:
+        """Take one lock; say whom we wait for; end the run when the deadline passes."""
         started = time.monotonic()
         try:
             lock.acquire(timeout=0)
@@ -205,61 +397,131 @@ class CallbackModule(CallbackBase):
         except LockTimeout as busy:
             holders = describe_holders([h.as_dict() for h in busy.holders])
         limit = "" if deadline is None else f" up to {max(0.0, deadline - started):.0f}s"
-        self._display.display(f"[{_clock()}] hostlock.core.serialize: host {host} is busy: held by {holders}; "
-                              f"waiting{limit}")
+        self._say(f"[{_clock()}] hostlock.core.serialize: {what} is busy: held by {holders}; waiting{limit}")
         try:
             lock.acquire(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except LockTimeout as e:
-            self._give_up(host, [h.as_dict() for h in e.holders], time.monotonic() - started)
+            lock.close()
+            self._give_up(what, [h.as_dict() for h in e.holders], time.monotonic() - started)
         waited = time.monotonic() - started
-        self._display.display(f"[{_clock()}] hostlock.core.serialize: got host {host} after waiting {waited:.2f}s")
+        self._say(f"[{_clock()}] hostlock.core.serialize: got {what} after waiting {waited:.2f}s")
 
     def _report_busy(self, hosts: list[str]) -> None:
+        """Check mode: name who holds a host's lock, or its bucket exclusively (a large play)."""
+        prefix, directory = self.get_option("prefix"), self.get_option("directory")
+        seen: set[str] = set()
         for host in hosts:
-            try:
-                st = status(lock_name(self.get_option("prefix"), host), directory=self.get_option("directory"))
-            except HostlockError as e:
-                self._display.warning(f"hostlock.core.serialize: cannot read the lock of host {host}: {e}")
-                continue
-            live = [h.as_dict() for h in st.holders if not h.stale]
-            if live:
-                who = describe_holders(live)
-                self._display.display(f"hostlock.core.serialize: check mode takes no lock; host {host} is held by "
-                                      f"{who}")
+            for name, shared_ok in ((lock_name(prefix, host), False), (bucket_name(prefix, bucket_of(host)), True)):
+                if name in seen:
+                    continue
+                seen.add(name)
+                try:
+                    st = status(name, directory=directory)
+                except HostlockError as e:
+                    self._display.warning(f"hostlock.core.serialize: cannot read the lock of host {host}: {e}")
+                    continue
+                live = [h.as_dict() for h in st.holders if not h.stale and not (shared_ok and h.mode == "shared")]
+                if live:
+                    self._say(f"hostlock.core.serialize: check mode takes no lock; host {host} is held by "
+                              f"{describe_holders(live)}")
 
-    def _give_up(self, host: str, holders: list, waited: float) -> None:
+    def _give_up(self, what: str, holders: list, waited: float) -> t.NoReturn:
         self._end_run(
-            f"hostlock.core.serialize: host {host} is still held after {waited:.1f}s by {describe_holders(holders)}; "
+            f"hostlock.core.serialize: {what} is still held after {waited:.1f}s by {describe_holders(holders)}; "
             "ending this run. Run `hostlock status` on the control node to see who, raise the timeout "
-            "(HOSTLOCK_SERIALIZE_TIMEOUT) or retry later."
+            "(HOSTLOCK_SERIALIZE_TIMEOUT) or retry later.",
+            EXIT_BUSY,
         )
 
-    def _end_run(self, msg: str) -> t.NoReturn:
+    def _end_run(self, msg: str, code: int) -> t.NoReturn:
         """Stop ansible-playbook now: a raised Exception would only become a warning and the play would run."""
         self._display.error(msg)
         self._release_all()
-        sys.stdout.flush()
         # SystemExit is not an Exception: it passes ansible-core's callback error handler and the CLI's,
         # while the executors' finally blocks still clean up.
-        raise SystemExit(EXIT_BUSY)
+        raise _EndRun(code)
 
-    def _release(self, host: str) -> None:
-        name, lock, taken = self._held.pop(host)
-        lock.release()
+    def _release(self, key: Key) -> None:
+        name, lock, _mode, taken = self._held.pop(key)
+        try:
+            lock.release()
+        finally:
+            lock.close()  # a released Lock keeps its file open: close it, or 10,000 hosts exhaust descriptors
+        label = key[2] or name
         for i in range(len(self._waits) - 1, -1, -1):
-            if self._waits[i][0] == host:
-                self._waits[i] = (host, self._waits[i][1], self._waits[i][2] + time.monotonic() - taken)
+            if self._waits[i][0] == label:
+                self._waits[i] = (label, self._waits[i][1], self._waits[i][2] + time.monotonic() - taken)
                 break
 
     def _release_all(self) -> None:
-        for host in sorted(self._held):
-            self._release(host)
+        for key in sorted(self._held):
+            self._release(key)
+
+    # -- in-flight work of earlier runs on the hosts --------------------------------------------------
+    def _mark_play(self, play: t.Any) -> None:
+        """Mark this play's tasks with this run and host; start the play by waiting for other runs' marks.
+
+        The play is post-validated but its iterator is not built yet (TaskQueueManager.run sends this
+        callback first), so a block prepended to pre_tasks becomes the play's first task.
+        """
+        # The host's mark names the lock set too (directory and prefix): runs that do not exclude each
+        # other on the controller do not wait for each other on the hosts either.
+        host_mark = trust_as_template(self._scope() + ":{{ inventory_hostname }}")
+        marker = {MARK_HOST: host_mark, MARK_RUN: self._run_id}
+        # Tasks inherit `environment` from the Play their blocks were loaded with: the playbook's own Play
+        # object, not this copy (TaskQueueManager.run copies it per batch); dynamic includes use the copy.
+        plays = {id(play): play}
+        for item in [*play.pre_tasks, *play.tasks, *play.post_tasks, *play.handlers, *play.roles]:
+            parent = getattr(item, "_play", None)
+            if parent is not None:
+                plays[id(parent)] = parent
+        for each in plays.values():
+            each.environment = _with_marker(each.environment, marker)
+        timeout = self._timeout()
+        ticks = -1 if timeout is None else int(timeout * 5)  # the script polls 5 times a second
+        block = Block(play=play)
+        block.run_once = False
+        task = Task(block=block)
+        task.action = "ansible.builtin.command"
+        task.name = WAIT_TASK
+        task.args = {
+            "argv": ["/bin/sh", "-c", WAIT_SCRIPT, "hostlock-serialize-wait",
+                     host_mark, self._run_id, str(ticks)],
+        }
+        task.changed_when = [False]
+        task.check_mode = False
+        task.tags = ["always"]
+        task.set_loader(play._loader)
+        block.block = [task]
+        play.pre_tasks = [block] + list(play.pre_tasks or [])
+
+    def _scope(self) -> str:
+        """Short id of this lock set: the resolved controller lock directory and the prefix."""
+        directory = os.path.abspath(self.get_option("directory") or default_directory())
+        key = f"{directory}\0{self.get_option('prefix')}".encode("utf-8", "surrogateescape")
+        return hashlib.sha256(key).hexdigest()[:12]
+
+    def _waited_in_flight(self, result: t.Any, data: dict) -> None:
+        task = getattr(result, "task", None) or getattr(result, "_task", None)
+        if getattr(task, "name", None) != WAIT_TASK:
+            return
+        host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
+        for line in (data.get("stdout") or "").splitlines():
+            self._say(f"[{_clock()}] hostlock.core.serialize: host {host}: {line}")
+        if data.get("rc") == EXIT_BUSY:
+            self._end_run(
+                f"hostlock.core.serialize: host {host} still runs an earlier run's task after the timeout "
+                f"({data.get('stdout') or '?'}); ending this run. Raise the timeout "
+                "(HOSTLOCK_SERIALIZE_TIMEOUT) or retry later.",
+                EXIT_BUSY,
+            )
 
     # -- what the modules report ---------------------------------------------------------------
     def _record(self, result: t.Any) -> None:
         data = getattr(result, "result", None)
         if data is None:  # older CallbackTaskResult
             data = result._result
+        self._waited_in_flight(result, data)
         host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
         items = data.get("results") if isinstance(data.get("results"), list) else [data]
         for item in items:
@@ -321,7 +583,7 @@ class CallbackModule(CallbackBase):
         self._waits, self._uses, self._leases = [], {}, {}
 
     def _print_recap(self) -> None:
-        self._display.banner("HOSTLOCK RECAP")
+        self._say("\nHOSTLOCK RECAP " + "*" * 64)
         if self._waits:
             per_host: dict[str, list[float]] = {}
             for host, waited, held in self._waits:
@@ -330,11 +592,9 @@ class CallbackModule(CallbackBase):
                 acc[1] += waited
                 acc[2] += held
             for host, (plays, waited, held) in sorted(per_host.items()):
-                self._display.display(
-                    "%-26s : serialize  plays=%d  waited=%.2fs  held=%.2fs" % (host, plays, waited, held)
-                )
+                self._say("%-26s : serialize  plays=%d  waited=%.2fs  held=%.2fs" % (host, plays, waited, held))
         for (host, name), use in sorted(self._uses.items()):
-            self._display.display(
+            self._say(
                 "%-26s : lock %-16s uses=%d  waited=%.2fs (max %.2fs)  held=%.2fs  conflicts=%d"
                 % (host, name, use["uses"], use["waited"], use["max_waited"], use["held"], use["conflicts"])
             )

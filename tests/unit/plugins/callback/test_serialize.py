@@ -27,7 +27,7 @@ def callback(tmp_path):
 
 
 def _held(cb) -> list:
-    return sorted(cb._held)
+    return sorted(k[2] for k in cb._held if k[2])
 
 
 def test_locks_follow_the_plays_in_sorted_order(callback):
@@ -62,3 +62,71 @@ def test_leases_left_held_are_tracked(callback):
     callback._account("h1", dict(name="apt", event="locked", waited=1.0, held=2.0))
     use = callback._uses[("h1", "apt")]
     assert use["uses"] == 1 and use["held"] == 2.0 and use["max_waited"] == 1.0
+
+
+def test_bucket_and_host_names_never_collide():
+    from ansible_collections.hostlock.core.plugins.callback.serialize import BUCKETS, bucket_name
+
+    buckets = {bucket_name("ansible-host@", b) for b in range(BUCKETS)}
+    for name in buckets:
+        hostlock.validate_name(name)
+    # a host literally named like a bucket gets a hashed name, never the bucket's
+    assert lock_name("ansible-host@", ".bucket-07") not in buckets
+
+
+def test_plan_stays_within_the_descriptor_budget():
+    from ansible_collections.hostlock.core.plugins.callback.serialize import BUCKETS, plan
+
+    small = plan(["a", "b", "c"], budget=256)
+    assert sorted(small.values()).count("exclusive") == 3  # one per host; the buckets are shared
+    assert all(mode == "shared" for (b, kind, h), mode in small.items() if kind == 0)
+    large = plan([f"h{i}" for i in range(10_000)], budget=256)
+    assert len(large) == BUCKETS and set(large.values()) == {"exclusive"}
+    for bucket, kind, host in small:  # in key order a bucket's lock comes before its hosts' locks
+        assert kind == 0 or (bucket, 0, "") < (bucket, kind, host)
+
+
+def test_a_large_play_and_a_small_play_exclude_each_other(tmp_path, monkeypatch):
+    """A large play's exclusive bucket lock and a small play's host lock must never both be held."""
+    from ansible_collections.hostlock.core.plugins.callback import serialize
+
+    d = tmp_path / "ctl"
+    d.mkdir(mode=0o700)
+    large = callback_loader.get("hostlock.core.serialize")
+    large.set_options(direct=dict(directory=str(d), timeout=0.0))
+    monkeypatch.setattr(serialize, "fd_budget", lambda: 1)  # every play counts as large
+    large._lock_hosts(["web1", "web2"], "large")
+    assert not [k for k in large._held if k[2]], "a large play takes no host locks"
+    monkeypatch.setattr(serialize, "fd_budget", lambda: 256)
+    small = callback_loader.get("hostlock.core.serialize")
+    small.set_options(direct=dict(directory=str(d), timeout=0.0))
+    with pytest.raises(SystemExit) as ended:
+        small._lock_hosts(["web2"], "small")
+    assert ended.value.code == 75
+    large.v2_playbook_on_stats(None)
+    small._lock_hosts(["web2"], "small")  # free now
+    assert [k[2] for k in small._held if k[2]] == ["web2"]
+    small.v2_playbook_on_stats(None)
+
+
+def test_local_error_ends_the_run_without_try_again(tmp_path):
+    """A lock directory that is a file: a local error with its own exit code, never 75."""
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    cb = callback_loader.get("hostlock.core.serialize")
+    cb.set_options(direct=dict(directory=str(not_a_dir), timeout=0.0))
+    with pytest.raises(SystemExit) as ended:
+        cb._lock_hosts(["a"], "play")
+    assert ended.value.code not in (0, 75)
+    assert cb._held == {}
+
+
+def test_messages_go_to_stderr_never_stdout(callback, capsys):
+    with hostlock.Lock("ansible-host@x", directory=callback.lockdir, label="other run"):
+        with pytest.raises(SystemExit):
+            callback._lock_hosts(["x"], "play")
+    callback._lock_hosts(["y"], "play")
+    callback.v2_playbook_on_stats(None)
+    out, err = capsys.readouterr()
+    assert out == "", out
+    assert "host x is busy" in err and "HOSTLOCK RECAP" in err, err
