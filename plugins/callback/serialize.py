@@ -147,6 +147,7 @@ author:
 import hashlib
 import os
 import re
+import resource
 import time
 import typing as t
 import uuid
@@ -155,7 +156,7 @@ from ansible import context
 from ansible.playbook.block import Block
 from ansible.playbook.task import Task
 from ansible.plugins.callback import CallbackBase
-from ansible.template import Templar
+from ansible.template import Templar, trust_as_template
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY, describe_holders
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
@@ -170,17 +171,6 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common
     error_exit_code,
 )
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
-
-try:
-    from ansible.template import trust_as_template
-except ImportError:  # ansible-core < 2.19 templates every string
-    def trust_as_template(value: str) -> str:  # type: ignore[misc]
-        return value
-
-try:
-    import resource
-except ImportError:  # not on this platform: assume the common soft limit
-    resource = None  # type: ignore[assignment]
 
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).
 EXIT_BUSY = EX_TEMPFAIL
@@ -240,13 +230,9 @@ def bucket_name(prefix: str, bucket: int) -> str:
 
 def fd_budget() -> int:
     """Descriptors the host locks of one play may use: a quarter of the soft limit (the rest is Ansible's)."""
-    soft = 1024
-    if resource is not None:
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        if limit != resource.RLIM_INFINITY:
-            soft = limit
-        else:
-            soft = 1 << 20
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # the controller is POSIX (ansible-core's rule)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
     return max(BUCKETS, soft // 4)
 
 
