@@ -18,8 +18,6 @@ def _mode_text(o: Options) -> str:
     return "%d-slot semaphore" % o.slots if o.slots > 1 else o.mode
 
 
-
-
 def main_run(args: list[str]) -> int:
     """hostlock run: exit with the job's status, or a code saying why it did not run."""
     try:

@@ -261,8 +261,6 @@ def parse(args: list[str], cron: bool) -> Options:
     return o
 
 
-
-
 def make_lock(o: Options) -> Lock:
     """Build the engine's Lock from the options (validates the name: InvalidName -> exit 64)."""
     if o.path is not None:
@@ -271,7 +269,8 @@ def make_lock(o: Options) -> Lock:
         return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")  # type: ignore[return-value]
     from . import Lock
 
-    assert o.name is not None  # the parser sets a name whenever --path is absent
+    if o.name is None:  # the parser sets a name whenever --path is absent
+        raise c.UsageError("missing lock NAME")
     return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,
                 label=o.label)
 
