@@ -7,8 +7,9 @@
 #   make molecule ROLE=cron CMD=converge   one molecule command for one role (login, verify, destroy, ...)
 
 ROLES              := cli cron
-# molecule and ansible-lint find hostlock.core through this symlink instead of installing a copy into ~/.ansible
-# (molecule's prerun would, and a stale copy there shadows the checkout for every later ansible run).
+# ansible-lint finds hostlock.core through this symlink instead of an installed copy. Molecule needs no make step:
+# each scenario's create links the checkout into its own ephemeral directory (tests/integration/roles/create.yml),
+# so `cd roles/cron && molecule test` works on a fresh clone with .venv active, exactly as here.
 ROLES_COLLECTIONS  := $(VENV)/roles-collections
 MOLECULE           := $(abspath $(VENV_BIN))/molecule
 MOLECULE_ARGS      ?=
@@ -35,7 +36,7 @@ roles-collection: venv
 
 # The scenarios run side by side (each has its own target; their time is mostly waiting on SSH round trips),
 # each into its own log, printed when it ends.
-test-roles: venv roles-deps roles-collection module-utils
+test-roles: venv roles-deps module-utils
 	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-roles.XXXXXX"); trap 'rm -rf "$$logs"' EXIT; \
 	for role in $(ROLES); do \
 	  echo "make test-roles: molecule test for hostlock.core.$$role (log: $$logs/$$role.log)"; \
@@ -51,7 +52,7 @@ test-roles: venv roles-deps roles-collection module-utils
 	done; \
 	[[ -z "$$failed" ]] || { echo "make test-roles: failed:$$failed"; exit 1; }
 
-molecule: venv roles-deps roles-collection module-utils
+molecule: venv roles-deps module-utils
 	cd roles/$(ROLE) && $(MOLECULE) $(CMD) $(MOLECULE_ARGS)
 
 lint-roles: venv roles-collection
