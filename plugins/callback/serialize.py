@@ -102,6 +102,8 @@ options:
         that later runs can wait for them in turn.
       - It sees the processes the connecting (or C(become)) user may inspect; runs that must exclude
         each other should connect as the same user, or as root.
+      - For a host without C(/bin/sh) and C(/proc) (network devices, Windows), set the host variable
+        C(hostlock_serialize_wait_in_flight=false) to skip the wait there.
     type: bool
     default: true
     env:
@@ -354,7 +356,7 @@ class CallbackModule(CallbackBase):
         timeout = self._timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
         for key in missing:
-            bucket, _, host = key
+            bucket, host = key[0], key[2]
             name = lock_name(prefix, host) if host else bucket_name(prefix, bucket)
             what = f"host {host}" if host else f"hosts in {name}"
             started = time.monotonic()
@@ -475,6 +477,8 @@ class CallbackModule(CallbackBase):
                      host_mark, self._run_id, str(ticks)],
         }
         task.changed_when = [False]
+        # a host without a POSIX shell and /proc (network devices, Windows) opts out with this host var
+        task.when = [trust_as_template("hostlock_serialize_wait_in_flight | default(true) | bool")]
         task.check_mode = False
         task.tags = ["always"]
         task.set_loader(play._loader)

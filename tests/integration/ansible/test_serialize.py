@@ -218,6 +218,30 @@ def test_killed_run_mid_task_never_overlaps_the_next(ansible, engine, host, sig)
     assert in_flight, "A's task outlives its run here: the case under test"
 
 
+def test_host_var_opts_out_of_the_in_flight_wait(ansible):
+    """hostlock_serialize_wait_in_flight=false (for hosts without /proc) skips the wait: then, and only
+    then, the next run starts beside a killed run's task (the control case of the test above)."""
+    log, gate = ansible.work / "optout.log", ansible.work / "gate-a"
+    log.touch()
+    first = _start(ansible, "loc", "A", log, gate, stubborn=True)
+    try:
+        _wait_for(lambda: "A loc start" in log.read_text(), what="run A to start its task", proc=first)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(60)
+        run = ansible.play(
+            "serialized.yml", "-e", "hostlock_serialize_wait_in_flight=false",
+            extra_vars=dict(pattern="loc", tag="B", log=str(log), gate=""), **_env(ansible),
+        )
+        assert "A loc end" not in log.read_text()
+    finally:
+        gate.touch()
+        _reap(first)
+    assert run.rc == 0, run.out
+    waits = run.results()["hostlock.core.serialize: wait for earlier runs' tasks on this host"]
+    assert waits["loc"]["_status"] == "skipped", waits
+    assert "B loc end" in log.read_text()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_run_killed_mid_wait_runs_nothing(ansible, engine, sig):
     """A run killed while it waits for a busy host leaves nothing behind and never runs its task."""
@@ -288,7 +312,7 @@ def test_scope_playbook_holds_later_plays_hosts_from_the_start(ansible, engine):
 
 def _in_first_play(engine, ansible, pid: int) -> bool:
     held = [h.pid for h in engine.holders("ansible-host@loc", directory=str(ansible.ctl_lockdir))]
-    return pid in held and bool([p for p in _procs_with_arg(b"hold")])
+    return pid in held and bool(_procs_with_arg(b"hold"))
 
 
 def _procs_with_arg(arg: bytes) -> list[int]:
