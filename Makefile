@@ -43,6 +43,8 @@ help:
 	@echo "make quick        inner loop: $(QUICK_TARGETS)"
 	@echo "make venv         create/update .venv (Python 3.11, requirements/dev.txt, lib/ editable)"
 	@echo "make lint         ruff over lib plugins tests benchmarks tools, changelog fragments"
+	@echo "make typecheck    mypy over lib/hostlock (as Python 3.8) and the plugins (mypy.ini)"
+	@echo "make test-ansible-matrix  a real ansible-playbook smoke on ansible-core 2.19, 2.20 and 2.21"
 	@echo "make sanity       ansible-test sanity --venv --python 3.11 in a collection-layout copy"
 	@echo "make units        ansible-test units for tests/unit/plugins in the same layout"
 	@echo "make lint-ansible ansible-lint --offline, production profile"

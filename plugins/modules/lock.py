@@ -330,7 +330,8 @@ ARGUMENT_SPEC = dict(
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
 )
 
-# How long a release may take to show: the holder answers the release request, then unlocks and exits.
+# A bound, not a delay: the holder unlocks first and then answers (hostlock._lease), so when release() returns the
+# lock is free and settle() normally returns at once; this bounds it should status still show our holder.
 RELEASE_SETTLE = 2.0
 
 

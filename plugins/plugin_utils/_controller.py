@@ -25,8 +25,7 @@ def _user() -> str:
 
 
 def controller_id() -> str:
-    """user@host pid N of this ansible-playbook run: who to look for on the control node."""
-    # Workers are forked by the ansible-playbook process, so from a worker the run is the parent.
+    """user@host of the control node running this playbook: who to look for when a lock is busy."""
     return f"{_user()}@{socket.gethostname()}"
 
 
