@@ -66,13 +66,18 @@ def _capture_file() -> int:
 
 
 def _copy_out(fd: int) -> None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    while True:
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return
-        while chunk:
-            chunk = chunk[os.write(1, chunk):]
+    """The captured output to stdout; if stdout is closed or full, say so on stderr (the job's status
+    stays the exit status: the job ran, and its failure is what cron must report)."""
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return
+            while chunk:
+                chunk = chunk[os.write(1, chunk):]
+    except OSError as exc:
+        c.say("cannot copy the job's captured output to stdout: %s" % (exc.strerror or exc))
 
 
 def _syslog(o: Options, failed: bool, text: str) -> None:
@@ -142,7 +147,7 @@ def main_cron(args: list[str]) -> int:
         except OSError as exc:  # never lose output: run uncaptured and say why
             c.say("cannot capture the job's output (%s); it goes straight to cron" % (exc.strerror or exc))
         try:
-            outcome = supervise(job_of(o, capture if capture >= 0 else None), recorder(lock, o))
+            outcome = supervise(job_of(o, lock, capture if capture >= 0 else None), recorder(lock, o))
         except OSError as exc:
             c.say("cannot start %s: %s" % (cmdline, c.describe_error(exc)))
             if o.syslog:

@@ -377,8 +377,11 @@ def run_command(o: Options, fd: int) -> int:
     # --process-group new: its own group, killed whole if hostlock dies, and signals to the caller's
     # group reach the command once (forwarded), not twice.
     try:
-        job = Job(o.command, new_group=new_group_for(o.pgroup))
-        outcome = supervise(job)
+        # With a group of its own the command dies whole with hostlock, killed by the watcher, which (with
+        # -o, where hostlock holds the lock alone) keeps the lock until the command is gone.
+        new_group = new_group_for(o.pgroup)
+        outcome = supervise(Job(o.command, new_group=new_group, watch=new_group,
+                                lock_fds=(fd,) if o.do_close else ()))
     except OSError as exc:
         warn("fork failed: %s" % (exc.strerror or exc))
         return c.EX_OSERR

@@ -240,6 +240,8 @@ def parse(args: list[str], cron: bool) -> Options:
         o.command = [_SHELL, "-c", o.shell]
     elif not rest:
         raise c.UsageError("missing COMMAND (give it after NAME, after '--', or with -c)", command)
+    elif not rest[0]:
+        raise c.UsageError("the COMMAND is an empty word: give a program to run", command)
     else:
         o.command = rest
     if o.slots > 1 and o.mode == "shared":
@@ -273,10 +275,10 @@ def make_lock(o: Options) -> Lock:
                 label=o.label)
 
 
-def job_of(o: Options, out_fd: int | None = None) -> Job:
-    """The supervisor's job spec from the options (decides the process group now)."""
+def job_of(o: Options, lock: Lock, out_fd: int | None = None) -> Job:
+    """The supervisor's job spec from the options and the held lock (decides the process group now)."""
     return Job(o.command, new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout,
-               kill_after=o.kill_after, verbose=o.verbose)
+               kill_after=o.kill_after, verbose=o.verbose, lock_fds=lock.descriptors())
 
 
 def recorder(lock: Lock, o: Options) -> Callable[[int], None]:

@@ -83,6 +83,11 @@ class KernelLocker:
     def read_record(self, held: _kernel.Held) -> bytes:
         return self.mech.read_record(held)
 
+    def descriptors(self, held: _kernel.Held) -> list[int]:
+        """The descriptors whose open file descriptions carry `held`'s kernel locks."""
+        f = held.file
+        return [f.fd, *getattr(f, "extra", {}).values()]  # FlockFile: one more file per slot range
+
     def forget(self, held: _kernel.Held | None) -> None:
         """In a forked child: close every descriptor without unlocking (the parent still holds)."""
         if held is not None and held.owned_file:
@@ -143,6 +148,10 @@ class RecordLocker:
 
     def read_record(self, held: RecordHeld) -> bytes:
         return self.mech.read_record(held)
+
+    def descriptors(self, held: RecordHeld) -> list[int]:
+        """None: an owner file is proof of life by its pid, not by an open descriptor."""
+        return []
 
     def forget(self, held: RecordHeld | None) -> None:
         fds = [h.fd for h in self.mech._pending.values()] + ([held.fd] if held is not None else [])

@@ -1,23 +1,28 @@
 """The process supervisor of `hostlock run`, `cron` and `flock`: fork and exec a job, forward signals to it,
-enforce a time limit, reap it; tie its life to ours.
+enforce a time limit, reap it; tie its life to the lock's.
 
-It takes an explicit `Job` (argv, environment additions, process group, output descriptor, time limits) and
-knows nothing of command lines or locks, so every command that runs a job shares one supervisor.
+It takes an explicit `Job` (argv, environment additions, process group, output descriptor, time limits, the
+lock's descriptors) and knows nothing of command lines, so every command that runs a job shares it.
 
-Design (what flock(1) gets wrong, see docs/cli.md):
+Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
 - hostlock stays the parent and holds the lock; the job is forked and exec'd. The engine's descriptors are
   close-on-exec, so neither the job nor anything it starts (a daemon) can keep the lock after we exit.
-- The child sets PR_SET_PDEATHSIG(SIGKILL) before exec, then checks its parent is still us: if hostlock
-  dies, even by SIGKILL, the job dies too. Outside an interactive terminal the job also gets its own
-  process group and a watcher process kills that whole group when hostlock's end of a pipe closes, so
-  a `sh -c` job's children do not run on unlocked either.
+- A watcher process, forked before the job, leaves hostlock's process group and session (setsid), so
+  whatever kills hostlock's group or session (kill -9 -PGID, pkill -s SID, timeout(1), a terminal hang-up)
+  misses it. It keeps a duplicate of the lock's open file descriptions: the kernel keeps an OFD or flock()
+  lock held while any descriptor of the description is open, so when hostlock dies without saying
+  "done", the lock stays held until the watcher has killed the job's whole process tree and seen it gone.
+  Only then does it exit, and the lock is free. No race is left for a second copy to win.
+- The job child sets PR_SET_PDEATHSIG before exec (SIGSTOP with a watcher: the job freezes with its
+  children still attached, for the watcher to kill together; SIGKILL without one), and does not exec
+  until hostlock has told the watcher its pid (a gate pipe): a job never runs unwatched.
 - Signals are blocked and collected with sigtimedwait(), never handled asynchronously: TERM, INT, HUP, QUIT,
   USR1 and USR2 are forwarded to the job (except keyboard signals the job got from the terminal itself),
   SIGCHLD ends the wait, the time limit is the wait's own deadline. No threads, no handlers, no races.
 - Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
-  no subprocess, argparse, re or json).
+  no subprocess, argparse, re or json). The watcher's killing code (`_jobkill`) is imported only by a
+  watcher whose hostlock died.
 """
-
 from __future__ import annotations
 
 import _signal
@@ -42,11 +47,12 @@ PROCESS_GROUPS = ("auto", "new", "same")
 class Job:
     """What to run and how; no command-line options, no lock."""
 
-    __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose")
+    __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose", "lock_fds", "watch")
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, new_group: bool = True,
                  out_fd: int | None = None, time_limit: float | None = None,
-                 kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False) -> None:
+                 kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False,
+                 lock_fds: tuple[int, ...] | list[int] = (), watch: bool = True) -> None:
         self.argv = argv
         self.env = env  # added to (or replacing entries of) our environment; None: ours unchanged
         self.new_group = new_group  # the job leads its own process group (killed whole with us)
@@ -54,6 +60,19 @@ class Job:
         self.time_limit = time_limit  # seconds the job may run, then SIGTERM; None: no limit
         self.kill_after = kill_after  # seconds from that SIGTERM to SIGKILL
         self.verbose = verbose  # say what happens, on stderr
+        # Descriptors whose open file descriptions carry the lock: the watcher keeps duplicates, so the
+        # lock outlives a killed hostlock until the job is gone. Never inherited by the job.
+        self.lock_fds = tuple(lock_fds)
+        # A watcher kills the job's tree if hostlock dies mid-job. False: only PR_SET_PDEATHSIG, which
+        # ends the job's first process alone (flock(1)'s behaviour, kept by `hostlock flock` by default).
+        self.watch = watch
+
+    def tagged(self, tag: str) -> Job:
+        """This job with HOSTLOCK_JOB=tag added to its environment."""
+        job = Job(self.argv, env=dict(self.env or (), HOSTLOCK_JOB=tag), new_group=self.new_group,
+                  out_fd=self.out_fd, time_limit=self.time_limit, kill_after=self.kill_after,
+                  verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch)
+        return job
 
 
 def new_group_for(mode: str) -> bool:
@@ -92,7 +111,7 @@ def _prctl() -> object:
         return None
 
 
-def _exec_child(job: Job, parent: int, mask: object, prctl: object) -> None:
+def _exec_child(job: Job, parent: int, mask: object, prctl: object, gate: int, watched: bool) -> None:
     """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
     argv = job.argv
     out_fd = job.out_fd
@@ -101,10 +120,22 @@ def _exec_child(job: Job, parent: int, mask: object, prctl: object) -> None:
         if job.new_group:
             os.setpgid(0, 0)
         if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
+            # With a watcher, freeze rather than die: a stopped job keeps its children attached (a dead one
+            # would orphan them to init, out of the watcher's reach), and the watcher kills them all.
+            prctl(_PR_SET_PDEATHSIG, _signal.SIGSTOP if watched else _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
         if os.getppid() != parent:
             # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
             os._exit(c.EX_OSERR)
+        # Wait until hostlock has told the watcher our pid: EOF means hostlock died first, so never exec.
+        while True:
+            try:
+                opened = os.read(gate, 1)
+                break
+            except InterruptedError:
+                continue
+        if not opened:
+            os._exit(c.EX_OSERR)
+        os.close(gate)
         if out_fd is not None:
             os.dup2(out_fd, 1)
             os.dup2(out_fd, 2)
@@ -161,38 +192,84 @@ def _in_terminal_foreground() -> bool:
         os.close(fd)
 
 
-def _start_watcher(group: int) -> int:
-    """Fork a tiny process that SIGKILLs the job's process group if hostlock dies; returns our pipe end.
+def _start_watcher(lock_fds: tuple[int, ...]) -> tuple[int, int]:
+    """Fork the watcher; returns (our end of its pipe, its pid). See the module docstring for why.
 
-    PR_SET_PDEATHSIG reaches only the direct child (and is dropped by a setuid exec, e.g. sudo); this
-    covers the rest of the group. The watcher blocks in read() and gets EOF when hostlock's last copy of
-    the write end closes, however hostlock ends; a normal exit writes one byte first, meaning "done".
+    hostlock writes the job's pid and a newline once the job is forked, and "x" when the job has ended; the
+    watcher gets EOF without "x" only when hostlock died, however (its last copy of the write end closes).
     """
-    r, w = os.pipe()  # close-on-exec: the job never holds either end
-    pid = os.fork()
-    if pid == 0:
+    # Duplicates made before fork: the engine's fork hook closes the Lock's own descriptors in a child.
+    keep = [os.dup(fd) for fd in lock_fds]
+    try:
+        r, w = os.pipe()  # close-on-exec: the job never holds either end
         try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
             os.close(w)
-            for fd in (0, 1, 2):  # never hold our caller's pipes open (`out=$(hostlock run ...)`)
+            raise
+        if pid == 0:
+            _watch(r, keep)
+    finally:
+        for fd in keep:
+            os.close(fd)
+    os.close(r)
+    return w, pid
+
+
+def _watch(r: int, keep: list[int]) -> None:
+    """The watcher process: wait for hostlock's news; if it dies mid-job, kill the job, then let go."""
+    try:
+        os.setsid()  # out of hostlock's group and session, and without a controlling terminal (no SIGHUP)
+        # Hold nothing but the pipe and the lock: not our caller's pipes (`out=$(hostlock run ...)` would
+        # wait for us), not another lock of this process.
+        wanted = set(keep)
+        wanted.add(r)
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd not in wanted:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
-            while True:
-                try:
-                    data = os.read(r, 1)
-                    break
-                except InterruptedError:
-                    continue
-            if not data:
-                try:
-                    os.killpg(group, _signal.SIGKILL)
-                except OSError:
-                    pass
-        finally:
-            os._exit(0)
-    os.close(r)
-    return w
+        data = b""
+        job_stat = b""
+        while True:
+            try:
+                chunk = os.read(r, 64)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            data += chunk
+            if data.endswith(b"x"):
+                return  # the job ended under hostlock's eye: nothing to do
+            if not job_stat and b"\n" in data:  # "PID NEWGROUP\n": the job is forked, not yet exec'd
+                job_stat = _read_stat(int(data.split()[0]))  # its start time: proof against pid reuse
+        if b"\n" in data:
+            from ._jobkill import kill_job
+
+            words = data.split()
+            job, group = int(words[0]), words[1] == b"1"
+            try:
+                kill_job(job, group, job_stat, words[2] if len(words) > 2 else b"")
+            except BaseException:  # e.g. the library was removed under us: the cruder kill beats none
+                os.killpg(job, _signal.SIGKILL) if group else os.kill(job, _signal.SIGKILL)
+    except BaseException:
+        pass
+    finally:
+        os._exit(0)  # only now does the lock's last descriptor close
+
+
+def _read_stat(pid: int) -> bytes:
+    try:
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1024)
+    finally:
+        os.close(fd)
 
 
 class Outcome:
@@ -250,25 +327,50 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
     parent = os.getpid()
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
     started = time.monotonic()
+    watcher = -1
+    gate_r = gate_w = -1
+    tag = ""
     try:
+        try:
+            if job.watch:
+                watcher = _start_watcher(job.lock_fds)[0]
+                # Every process the job starts inherits this tag, wherever it goes (setsid, double fork):
+                # the watcher finds them by it in /proc/PID/environ if it must kill the job.
+                tag = "%d.%d" % (parent, time.monotonic_ns())
+                job = job.tagged(tag)
+        except OSError as exc:
+            if verbose:
+                c.say("no watcher process (%s): if hostlock is killed only the job's first process dies"
+                      % exc.strerror)
+        gate_r, gate_w = os.pipe()
         pid = os.fork()
     except OSError:
+        for fd in (watcher, gate_r, gate_w):
+            if fd >= 0:
+                os.close(fd)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         raise
     if pid == 0:
-        _exec_child(job, parent, old_mask, prctl)
-    watcher = -1
+        os.close(gate_w)
+        if watcher >= 0:
+            os.close(watcher)  # only hostlock's death may close the watcher's pipe
+        _exec_child(job, parent, old_mask, prctl, gate_r, watcher >= 0)
+    os.close(gate_r)
     if new_group:
         try:
             os.setpgid(pid, pid)  # also here: no window where a forwarded signal misses the new group
         except OSError:
             pass  # EACCES: the child already exec'd, after its own setpgid
+    if watcher >= 0:
         try:
-            watcher = _start_watcher(pid)
-        except OSError as exc:
-            if verbose:
-                c.say("no watcher process (%s): if hostlock is killed only the job's first process dies"
-                      % exc.strerror)
+            os.write(watcher, ("%d %d %s\n" % (pid, new_group, tag)).encode())
+        except OSError:
+            pass
+    try:
+        os.write(gate_w, b"g")  # the watcher knows the job: it may exec now
+    except OSError:
+        pass  # EPIPE: the child is already gone (killed from outside); waitpid tells how
+    os.close(gate_w)
     if on_start is not None:
         on_start(pid)
     if verbose:
@@ -362,7 +464,11 @@ def die_like(outcome: Outcome) -> None:
     if not (outcome.tty_sigint and os.WIFSIGNALED(outcome.status)
             and os.WTERMSIG(outcome.status) == _signal.SIGINT):
         return
-    sys.stdout.flush()
+    if sys.stdout is not None:  # None when stdout was closed at start-up
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
     os.kill(os.getpid(), _signal.SIGINT)

@@ -44,15 +44,38 @@ _ADMIN = ("status", "list", "hold", "renew", "release", "break", "gc")
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hostlock` command; returns the exit status (see docs/cli.md)."""
     args = sys.argv[1:] if argv is None else list(argv)
+    _reserve_standard_fds()
     try:
         code = _dispatch(args)
     except KeyboardInterrupt:
         code = 130
     except BrokenPipeError:  # `hostlock list | head`: not an error worth a traceback
         code = 141
+    except OSError as exc:  # e.g. our own output to a full disk (`hostlock status > /dev/full`)
+        c.say("cannot write output: %s" % c.describe_error(exc))
+        code = c.errno_exit_code(exc.errno, c.EX_OSERR)
     if argv is None:
         _fast_exit(code)
     return code
+
+
+def _reserve_standard_fds() -> None:
+    """Hold /dev/null (close-on-exec) on any of fds 0-2 our caller closed (`hostlock run L cmd >&-`).
+
+    Otherwise the next file we open lands there: a diagnostic meant for stderr would be written into the
+    lock file. Close-on-exec, so the job still finds the stream closed, as its caller meant.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                got = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                return
+            if got != fd:  # a lower fd was free after all: keep ours where it belongs
+                os.dup2(got, fd, inheritable=False)
+                os.close(got)
 
 
 def _fast_exit(code: int) -> None:
@@ -62,8 +85,9 @@ def _fast_exit(code: int) -> None:
     lock is already released and every output flushed here; nothing registers atexit handlers.
     """
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):  # None when the stream was closed at start-up
+            if stream is not None:
+                stream.flush()
     except BrokenPipeError:
         code = code or 141
     except (OSError, ValueError):

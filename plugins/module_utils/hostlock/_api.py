@@ -134,6 +134,14 @@ class Lock:
         finally:
             self._mutex.release()
 
+    def descriptors(self) -> list[int]:
+        """Descriptors whose open file descriptions carry the held lock (empty when not held, and for the
+        record mechanism): a process holding a duplicate of each keeps the lock held after we are gone
+        (`hostlock run`'s watcher does, until the job is dead). Unlocking still frees it at once."""
+        if self._held is None:
+            return []
+        return self._locker.descriptors(self._held)  # type: ignore[arg-type]
+
     def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None,
                       label: str | None = None, **extra: object) -> None:
         """Rewrite our owner record, e.g. so status names the job a supervisor started."""

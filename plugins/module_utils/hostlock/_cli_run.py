@@ -50,7 +50,7 @@ def main_run(args: list[str]) -> int:
             c.say("got %s lock %s (%s) after %s" % (_mode_text(o), o.name, lock.mechanism,
                                                     c.format_span(time.monotonic() - t0)))
         try:
-            outcome = supervise(job_of(o), recorder(lock, o))
+            outcome = supervise(job_of(o, lock), recorder(lock, o))
         except OSError as exc:
             c.say("cannot start the job: %s" % c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)

@@ -173,6 +173,10 @@ class PathLock:
             os.close(self.fd)
             self.fd = -1
 
+    def descriptors(self) -> list[int]:
+        """The locked descriptor, for the supervisor's watcher (see Lock.descriptors)."""
+        return [self.fd] if self.fd >= 0 else []
+
     def update_record(self, **_kw: object) -> None:
         """No owner record for a path lock: `status --path` reads holders and jobs from /proc."""
         return None
