@@ -376,16 +376,16 @@ def run_command(o: Options, fd: int) -> int:
     # Default: like flock(1), the command stays in the caller's process group (job control, kill -- -PGID).
     # --process-group new: its own group, killed whole if hostlock dies, and signals to the caller's
     # group reach the command once (forwarded), not twice.
+    # With a group of its own the command dies whole with hostlock, killed by the watcher, which (with -o,
+    # where hostlock holds the lock alone) keeps the lock until the command is gone.
+    new_group = new_group_for(o.pgroup)
+    job = Job(o.command, new_group=new_group, watch=new_group, lock_fds=(fd,) if o.do_close else ())
     try:
-        # With a group of its own the command dies whole with hostlock, killed by the watcher, which (with
-        # -o, where hostlock holds the lock alone) keeps the lock until the command is gone.
-        new_group = new_group_for(o.pgroup)
-        outcome = supervise(Job(o.command, new_group=new_group, watch=new_group,
-                                lock_fds=(fd,) if o.do_close else ()))
+        outcome = supervise(job)
     except OSError as exc:
         warn("fork failed: %s" % (exc.strerror or exc))
         return c.EX_OSERR
-    if job.new_group:
+    if job.watch:
         _reap_watcher()
     die_like(outcome)
     return outcome.exit_code()
