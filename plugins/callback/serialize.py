@@ -477,6 +477,9 @@ class CallbackModule(CallbackBase):
                      host_mark, self._run_id, str(ticks)],
         }
         task.changed_when = [False]
+        # The wait itself carries no host mark (the task's environment overrides the play's): two waits
+        # left by killed runs must never wait for each other.
+        task.environment = [{MARK_HOST: "-"}]
         # a host without a POSIX shell and /proc (network devices, Windows) opts out with this host var
         task.when = [trust_as_template("hostlock_serialize_wait_in_flight | default(true) | bool")]
         task.check_mode = False

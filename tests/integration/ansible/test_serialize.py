@@ -6,6 +6,7 @@ for log lines, lock waiters and processes, never for a sleep to be long enough.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -74,9 +75,12 @@ def _waiting_for(engine, ansible, host: str) -> bool:
     return engine.status(f"ansible-host@{host}", directory=str(ansible.ctl_lockdir)).waiters > 0
 
 
-def _in_flight_waiters(host: str) -> list[int]:
-    """Pids of serialize's in-flight wait scripts for a host that found work and now wait for it to end
-    (they sleep between scans). They run on this machine, locally or over the harness's sshd."""
+def _in_flight_waiters(ansible, host: str) -> list[int]:
+    """Pids of this test's serialize in-flight wait scripts for a host that found work and now wait for
+    it to end (they sleep between scans). They run on this machine, locally or over the harness's sshd.
+    The host mark names the lock set (controller directory and prefix), so parallel tests never mix."""
+    scope = hashlib.sha256(f"{ansible.ctl_lockdir}\0ansible-host@".encode()).hexdigest()[:12]
+    mark = f"{scope}:{host}".encode()
     procs = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -88,7 +92,7 @@ def _in_flight_waiters(host: str) -> list[int]:
             procs[int(entry.name)] = (ppid, argv)
     waiters = {
         pid for pid, (_ppid, argv) in procs.items()
-        if b"hostlock-serialize-wait" in argv and any(a.endswith(b":" + host.encode()) for a in argv)
+        if b"hostlock-serialize-wait" in argv and mark in argv
     }
     return sorted({ppid for ppid, argv in procs.values() if ppid in waiters and argv[:1] == [b"sleep"]})
 
@@ -195,7 +199,7 @@ def test_killed_run_mid_task_never_overlaps_the_next(ansible, engine, host, sig)
         os.kill(first.pid, sig)  # the ansible-playbook process only, as `kill PID` at a shell prompt does
         first.wait(60)
         second = _start(ansible, host, "B", log)
-        _wait_for(lambda: _in_flight_waiters(host) or second.poll() is not None, what="run B to wait or end")
+        _wait_for(lambda: _in_flight_waiters(ansible, host) or second.poll() is not None, what="run B to wait or end")
         in_flight = Path(f"/proc/{task_pid}").exists()
         if in_flight:  # A's task outlived its run: B waits for it
             assert Path(f"/proc/{task_pid}").exists() and f"B {host} start" not in log.read_text(), _show(log)
@@ -216,6 +220,36 @@ def test_killed_run_mid_task_never_overlaps_the_next(ansible, engine, host, sig)
         assert times[("B", host, "start")] >= times[("A", host, "end")], _show(log)
         assert f"host {host}: waiting for pid" in out_b, out_b
     assert in_flight, "A's task outlives its run here: the case under test"
+
+
+def test_waits_left_by_killed_runs_never_wait_for_each_other(ansible):
+    """Run B is SIGKILLed while its in-flight wait runs on the host (the wait goes on, orphaned); run C
+    must still start once A's task ends: B's and C's waits must not wait for each other."""
+    log, gate = ansible.work / "waiters.log", ansible.work / "gate-a"
+    log.touch()
+    first = _start(ansible, "loc", "A", log, gate, stubborn=True)
+    second = third = None
+    try:
+        _wait_for(lambda: "A loc start" in log.read_text(), what="run A to start its task", proc=first)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(60)
+        second = _start(ansible, "loc", "B", log)
+        _wait_for(lambda: len(_in_flight_waiters(ansible, "loc")) == 1, what="run B's wait", proc=second)
+        os.kill(second.pid, signal.SIGKILL)
+        second.wait(60)
+        third = _start(ansible, "loc", "C", log)
+        _wait_for(lambda: len(_in_flight_waiters(ansible, "loc")) == 2, what="C to wait beside B", proc=third)
+        gate.touch()
+        out_c = _finish(third)
+    finally:
+        gate.touch()
+        for proc in (first, second, third):
+            if proc is not None:
+                _reap(proc)
+    assert third.returncode == 0, out_c
+    times = _times(log)
+    assert times[("C", "loc", "start")] >= times[("A", "loc", "end")], _show(log)
+    assert not [k for k in times if k[0] == "B"], _show(log)
 
 
 def test_host_var_opts_out_of_the_in_flight_wait(ansible):
