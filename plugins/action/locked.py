@@ -1,28 +1,27 @@
 # Copyright: (c) 2025, hostlock maintainers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Action hostlock.core.locked: run one module (or action) while holding a host lock.
+"""Action hostlock.core.locked: build the wrapped module here, run it under the lock on the host in one go.
 
-Three steps on the host: take a lease with the hostlock.core.lock module, run the wrapped module with
-its arguments, release the lease. The release runs whatever the wrapped module did (failed, raised,
-lost the connection); if the release cannot reach the host, the lease frees the lock when it ends.
-The lock costs exactly two extra module runs, sharing the task's remote temporary directory.
+The controller resolves the wrapped module as the task executor would (module_defaults, environment,
+become, check mode, diff, no_log: everything `_update_module_args`/`_configure_module` put in a payload,
+as async does), and runs ONE module on the host, hostlock.core.locked, carrying that payload. The host
+side (module_utils/_runner.py) takes the lock, runs the payload as its child, and releases after the child
+ends, so the lock lives exactly as long as the work, whatever happens to the controller or the connection.
 """
 
 from __future__ import annotations
 
-import time
+import base64
 import typing as t
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible.utils.display import Display
-from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY, describe_holders, live_holders
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import parse_duration
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
+from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_marker
 
-display = Display()
-
-LOCK_MODULE = "hostlock.core.lock"
+LOCKED_MODULE = "hostlock.core.locked"
 
 # Task keywords that look like modules but are run by the strategy on the controller: there is
 # nothing to run on the host while holding the lock.
@@ -47,25 +46,51 @@ NOT_WRAPPABLE = frozenset(
     )
 )
 
+# Action plugins that only run their module (command) or the command module with a flag (shell): the
+# payload of that module is exactly what they would run on the host.
+THIN_ACTIONS = {
+    "ansible.builtin.command": ("ansible.legacy.command", {}),
+    "ansible.builtin.shell": ("ansible.legacy.command", {"_uses_shell": True}),
+}
+
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
-    lease=dict(type="float", required=True),
-    timeout=dict(type="float"),
+    lease=dict(type="raw"),
+    timeout=dict(type="raw"),
     mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
     slots=dict(type="int", default=1),
-    # str, not path: the directory is on the managed host, the lock module expands it there.
+    # str, not path: the directory is on the managed host, the module expands it there.
     directory=dict(type="str"),
     label=dict(type="str"),
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
-    task=dict(
-        type="dict",
-        required=True,
-        options=dict(
-            module=dict(type="str", required=True),
-            args=dict(type="dict", default={}),
-        ),
-    ),
+    task=dict(type="dict", required=True),
 )
+
+
+def split_task(task: dict) -> tuple[str, t.Any]:
+    """(module, args) from `task`: {module: M, args: A} or the task's own shape {M: A}."""
+    if "module" in task:
+        extra = set(task) - {"module", "args"}
+        if extra:
+            raise AnsibleActionFail(f"hostlock.core.locked: task takes module and args, not {sorted(extra)}")
+        return str(task["module"]), task.get("args")
+    if len(task) != 1:
+        raise AnsibleActionFail(
+            "hostlock.core.locked: task must be {module: NAME, args: {...}} or one module as in a task "
+            f"({{ansible.builtin.command: echo hi}}), not the keys {sorted(task)}"
+        )
+    ((name, args),) = task.items()
+    return str(name), args
+
+
+def parse_args(args: t.Any) -> dict:
+    if args is None:
+        return {}
+    if isinstance(args, str):  # free form, as `ansible.builtin.command: echo hi`
+        return {"_raw_params": args}
+    if not isinstance(args, dict):
+        raise AnsibleActionFail(f"hostlock.core.locked: task args must be a mapping or a string, not {args!r}")
+    return dict(args)
 
 
 class ActionModule(ActionBase):
@@ -80,90 +105,64 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         # raises AnsibleActionFail naming the bad option; args are the validated, defaulted ones
         _validation, args = self.validate_argument_spec(ARGUMENT_SPEC)
-        wrapped_name = args["task"]["module"]
-        wrapped_args = dict(args["task"]["args"] or {})
-        runner = self._wrapped_runner(wrapped_name, wrapped_args, task_vars)
+        for key in ("timeout", "lease"):
+            if args[key] is not None:
+                try:
+                    args[key] = parse_duration(args[key], key)
+                except ValueError as e:
+                    raise AnsibleActionFail(f"hostlock.core.locked: {e}") from None
+        name, raw = split_task(args["task"])
+        fqcn, module_args = self._resolve(name, parse_args(raw))
 
-        lock_args = {k: args[k] for k in ("name", "lease", "timeout", "mode", "slots", "directory", "on_conflict")}
-        lock_args["label"] = args["label"] or task_label(self._task, task_vars)
-        info: dict[str, t.Any] = dict(name=args["name"], event="locked", module=wrapped_name, lease=args["lease"])
-        result[RESULT_KEY] = info
-
-        taken = self._execute_module(module_name=LOCK_MODULE, module_args=lock_args, task_vars=task_vars)
-        info.update(waited=taken.get("waited", 0.0), directory=taken.get("directory"))
-        if taken.get("failed") or taken.get("skipped"):
-            # Not locked: the wrapped module did not run. Report the lock module's verdict as ours.
-            for key in ("failed", "skipped", "msg", "holders", "warnings"):
-                if key in taken:
-                    result[key] = taken[key]
-            info.update(event="conflict" if taken.get("holders") else "error", held=0.0, released=True)
-            result["changed"] = False
-            return result
-
-        token = taken.get("token")
-        if self._task.check_mode:
-            info.update(free=taken.get("free"), holders=taken.get("holders", []))
-            if not taken.get("free"):
-                display.warning(
-                    "hostlock.core.locked: lock {} is held by {}; a real run would wait for it".format(
-                        args["name"], describe_holders(live_holders(taken.get("holders", [])))
-                    )
-                )
-        held_from = time.monotonic()
-        try:
-            result.update(runner())
-        finally:
-            info["held"] = round(time.monotonic() - held_from, 3)
-            info["released"] = self._release(args, token, info, task_vars) if token else True
-        result[RESULT_KEY] = info
+        if not self._is_pipelining_enabled("new") and self._connection._shell.tmpdir is None:
+            # the wrapped module's _ansible_tmpdir must be the task's one, made before its args are built
+            self._make_tmp_path()
+        self._update_module_args(fqcn, module_args, task_vars)
+        bits, _path = self._configure_module(fqcn, module_args, task_vars)
+        if bits.module_style != "new":
+            raise AnsibleActionFail(
+                f"hostlock.core.locked: {fqcn} is not an AnsiballZ (Python) module ({bits.module_style} style): "
+                "it cannot run under the host-side lock; lock it with hostlock.core.lock around it"
+            )
+        label = args["label"] or task_label(self._task, task_vars)
+        locked_args = {k: args[k] for k in ("name", "timeout", "mode", "slots", "directory", "on_conflict")}
+        locked_args.update(
+            label=f"{label} {run_marker()}",
+            task=dict(module=fqcn),
+            payload=base64.b64encode(bits.b_module_data).decode("ascii"),
+        )
+        result.update(self._execute_module(module_name=LOCKED_MODULE, module_args=locked_args, task_vars=task_vars))
+        self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
 
-    def _wrapped_runner(self, name: str, module_args: dict, task_vars: dict) -> t.Callable[[], dict]:
-        """Resolve the wrapped name as the task executor would: its own action plugin, else the module."""
+    def _resolve(self, name: str, module_args: dict) -> tuple[str, dict]:
+        """The module the task executor would run for `name`, with the play's module_defaults applied."""
         collections = self._task.collections
         ctx = self._shared_loader_obj.module_loader.find_plugin_with_context(name, collection_list=collections)
         action_loader = self._shared_loader_obj.action_loader
-        handler_name = None
-        if ctx.resolved and ctx.action_plugin:
-            handler_name = ctx.action_plugin
-        elif action_loader.has_plugin(name, collection_list=collections):
-            handler_name = name
-        elif not ctx.resolved:
-            raise AnsibleActionFail(f"hostlock.core.locked: no module or action named {name!r} to run (task.module)")
+        has_action = bool(ctx.resolved and ctx.action_plugin) or action_loader.has_plugin(
+            name, collection_list=collections
+        )
         fqcn = ctx.resolved_fqcn if ctx.resolved else name
-        if fqcn in NOT_WRAPPABLE or fqcn == "hostlock.core.locked":
+        if fqcn in NOT_WRAPPABLE or fqcn == LOCKED_MODULE:
             raise AnsibleActionFail(
                 f"hostlock.core.locked: {fqcn} runs on the controller, not as one step on the host, so it cannot be "
-                "wrapped; take the lock with hostlock.core.lock (state=acquired) before it and release it after"
+                "wrapped; take the lock with hostlock.core.lock before it and release it after (docs/ansible.md)"
             )
+        if not ctx.resolved and not has_action:
+            raise AnsibleActionFail(f"hostlock.core.locked: no module or action named {name!r} to run (task.module)")
         module_args = self._with_module_defaults(fqcn, module_args)
-
-        if handler_name is None:
-
-            def run_module() -> dict:
-                return self._execute_module(module_name=fqcn, module_args=module_args, task_vars=task_vars)
-
-            return run_module
-
-        def run_action() -> dict:
-            sub_task = self._task.copy(exclude_parent=False, exclude_tasks=True)
-            sub_task.action = name
-            sub_task.args = module_args
-            handler = action_loader.get(
-                handler_name,
-                task=sub_task,
-                connection=self._connection,
-                play_context=self._play_context,
-                loader=self._loader,
-                templar=self._templar,
-                shared_loader_obj=self._shared_loader_obj,
-                collection_list=collections,
+        if fqcn in THIN_ACTIONS:
+            module, extra = THIN_ACTIONS[fqcn]
+            return module, {**module_args, **extra}
+        if has_action:
+            raise AnsibleActionFail(
+                f"hostlock.core.locked: {fqcn} has its own action plugin, which runs on the controller (it "
+                "transfers files or picks another module), so it cannot run inside the host-side lock. Lock it "
+                "with hostlock.core.lock around it (docs/ansible.md, 'Several tasks'), or wrap the module that does "
+                "the host's part (for example ansible.builtin.lineinfile, or ansible.builtin.apt for package)"
             )
-            if handler is None:
-                raise AnsibleActionFail(f"hostlock.core.locked: cannot load the action {handler_name!r} for {name}")
-            return handler.run(task_vars=task_vars)
-
-        return run_action
+        return fqcn, module_args
 
     def _with_module_defaults(self, fqcn: str, module_args: dict) -> dict:
         """Apply the play's module_defaults for the wrapped module, as if it were the task itself."""
@@ -172,30 +171,3 @@ class ActionModule(ActionBase):
         except ImportError:  # a future ansible-core moved it: the wrapped args stay as written
             return module_args
         return _apply_action_arg_defaults(fqcn, self._task, module_args, self._templar)
-
-    def _release(self, args: dict, token: str, info: dict, task_vars: dict) -> bool:
-        """Give the lease back; never raises (a failed release leaves the lease to end the lock)."""
-        release_args = dict(name=args["name"], state="released", token=token, directory=args["directory"])
-        try:
-            res = self._execute_module(module_name=LOCK_MODULE, module_args=release_args, task_vars=task_vars)
-        except Exception as e:  # connection lost, host gone: the lease is the safety net
-            display.warning(
-                "hostlock.core.locked: could not release lock {} ({}); its lease frees it within {}s".format(
-                    args["name"], e, args["lease"]
-                )
-            )
-            return False
-        if res.get("failed"):
-            display.warning(
-                "hostlock.core.locked: releasing lock {} failed: {}; its lease frees it within {}s".format(
-                    args["name"], res.get("msg"), args["lease"]
-                )
-            )
-            return False
-        if not res.get("changed"):
-            display.warning(
-                "hostlock.core.locked: the lease on {} had ended before the task did (lease {}s): "
-                "the task was not covered by the lock to the end; raise lease".format(args["name"], args["lease"])
-            )
-            info["lease_ran_out"] = True
-        return True

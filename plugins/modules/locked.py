@@ -3,28 +3,34 @@
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-# Documentation only: hostlock.core.locked is an action plugin (plugins/action/locked.py).
+# The host side of hostlock.core.locked; the controller side is plugins/action/locked.py.
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: locked
-short_description: Run one task while holding a host lock
+short_description: Run one task on the host while holding a host lock, in one module run
 version_added: 0.1.0
 description:
-  - Takes a hostlock lock on the managed host, runs one module (or action) with its arguments, and
-    releases the lock, whatever the module did. Other playbooks and the host's own jobs
+  - Takes a hostlock lock on the managed host, runs one module with its arguments, and releases the
+    lock, all inside B(one) module run on the host. Other playbooks and the host's own jobs
     (C(hostlock run NAME ...) in cron or a shell) that use the same lock name wait meanwhile.
-  - The lock is a lease held by a small detached process on the host (see M(hostlock.core.lock)).
-    It is released right after the wrapped module, also when that module fails; when the
-    connection breaks or the controller dies mid-way, the lease frees the lock once O(lease)
-    seconds have passed.
+  - The controller builds the wrapped module exactly as Ansible would run it (its arguments, the play's
+    C(module_defaults), the task's C(environment), C(become), check mode, C(--diff), C(no_log)) and sends
+    it along; the C(locked) process on the host takes the lock, runs it with the host's interpreter as
+    its child, and releases the lock once the child has ended.
+  - The lock lives exactly as long as the wrapped work. A Ctrl-C'd, SIGTERMed or SIGKILLed
+    C(ansible-playbook), or a dropped SSH connection, leaves the lock held until the wrapped module
+    ends, and no longer; signals sent to the C(locked) process on the host are forwarded to the module
+    and the lock is released after it ends; if that process is killed, its module is killed with it
+    (Linux). No lease is involved.
   - The task's result is the wrapped module's result (so C(register), C(changed_when),
     C(failed_when) and C(--diff) work as for the module itself) plus RV(hostlock) with the lock's
     wait and hold times.
-  - Costs two module runs on top of the wrapped one (take and release), sharing its remote
-    temporary directory.
+  - Modules that come with their own action plugin on the controller (C(copy), C(template),
+    C(fetch), C(package), ...) are refused at once, except C(command) and C(shell); lock those with
+    M(hostlock.core.lock) around them (see the collection's docs/ansible.md).
 options:
   name:
     description:
@@ -34,15 +40,14 @@ options:
     required: true
   lease:
     description:
-      - Seconds the lock is kept at most. Make it longer than the wrapped task can take; a lease that runs
-        out mid-task frees the lock early (the task then warns).
-      - Bounds how long a lost connection or a killed controller keeps the lock.
-    type: float
-    required: true
+      - Not needed any more and ignored (the lock lives as long as the wrapped module); accepted so
+        tasks written for earlier versions keep working. Must still be a valid duration when given.
+    type: raw
   timeout:
     description:
-      - Seconds to wait for the lock; V(0) tries once. Omit to wait as long as it takes.
-    type: float
+      - How long to wait for the lock, as seconds (V(90), V(1.5)) or a duration (V(10m), V(1h30m)).
+        V(0) tries once. Omit to wait as long as it takes.
+    type: raw
   mode:
     description:
       - V(exclusive) admits one holder (or O(slots) holders); V(shared) admits any number of shared
@@ -62,35 +67,44 @@ options:
   label:
     description:
       - Text stored with the lock and shown by C(hostlock status); defaults to the play, task and
-        controller.
+        controller. The controller appends C([run ID]) naming its C(ansible-playbook) run.
     type: str
   on_conflict:
     description:
       - When the lock is still held by others after O(timeout), V(fail) fails the task naming the
         holders, V(skip) skips it (the wrapped module does not run).
+      - A lock held by the same playbook run (a M(hostlock.core.lock) lease of the same name taken
+        earlier in the run, another host of the play whose lock is delegated to the same host) fails at
+        once whatever O(timeout) says, as waiting for it would never end.
     type: str
     choices: [fail, skip]
     default: fail
   task:
     description:
-      - The one task to run while the lock is held.
+      - The one task to run while the lock is held, either as O(task.module) and O(task.args), or in
+        the task's own shape, one key naming the module (for example
+        C({ansible.builtin.apt: {name: curl}}) or C({ansible.builtin.command: echo hi})).
     type: dict
     required: true
     suboptions:
       module:
         description:
-          - The module or action to run, preferably by its FQCN (for example V(ansible.builtin.apt),
-            V(ansible.builtin.command), V(ansible.builtin.template)). The play's C(module_defaults)
-            for it apply.
+          - The module to run, preferably by its FQCN (for example V(ansible.builtin.apt),
+            V(ansible.builtin.command)). The play's C(module_defaults) for it apply.
           - Task keywords that the controller runs itself (C(include_tasks), C(meta), C(set_fact),
-            C(debug) and the like) cannot be wrapped.
+            C(debug) and the like) and modules with their own action plugin (except C(command) and
+            C(shell)) cannot be wrapped.
         type: str
-        required: true
       args:
         description:
-          - Its arguments, as under the module's name in a task.
-        type: dict
-        default: {}
+          - Its arguments, as under the module's name in a task. A string is the free-form argument
+            (for C(command) and C(shell)).
+        type: raw
+  payload:
+    description:
+      - Internal, set by the action plugin on the controller; do not set it. The wrapped module as built
+        for the host, base64-encoded.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -104,15 +118,20 @@ attributes:
     support: none
   check_mode:
     support: full
-    details: Takes no lock; reports whether it is free (RV(hostlock.free)) and runs the wrapped module in check mode.
+    details: >-
+      Takes no lock: reports whether it is free (RV(hostlock.free)) and who holds it, and runs the
+      wrapped module in check mode. RV(hostlock.taken) is V(false) and no hold time is reported.
   diff_mode:
     support: full
     details: Passed through to the wrapped module.
   platform:
     platforms: posix
+    details: A killed C(locked) process takes its module with it on Linux (C(PR_SET_PDEATHSIG)).
 notes:
-  - To hold a lock across several tasks, use M(hostlock.core.lock) to take it and release it.
+  - To hold a lock across several tasks (a block, an C(include_tasks), a role), use
+    M(hostlock.core.lock) to take it and release it; see the collection's docs/ansible.md.
   - Loops work as for any task; each item takes and releases the lock.
+  - Owner scope, the lock belongs to the C(locked) process running this one task execution on the host.
 seealso:
   - module: hostlock.core.lock
   - module: hostlock.core.lock_info
@@ -126,18 +145,15 @@ EXAMPLES = r"""
 - name: Install curl under the apt lock, waiting up to 5 minutes for the host's own apt jobs
   hostlock.core.locked:
     name: apt
-    lease: 600
-    timeout: 300
+    timeout: 5m
     task:
-      module: ansible.builtin.apt
-      args:
+      ansible.builtin.apt:
         name: curl
         state: present
 
 - name: Run the nightly job's script now, unless the nightly job is running
   hostlock.core.locked:
     name: nightly-report
-    lease: 120
     timeout: 0
     on_conflict: skip
     task:
@@ -146,15 +162,14 @@ EXAMPLES = r"""
         cmd: /bin/true
   changed_when: false
 
-- name: Render a config file that a cron job reads under a shared lock
+- name: Change a config file that a cron job reads under the same lock
   hostlock.core.locked:
     name: app-config
-    lease: 60
     task:
-      module: ansible.builtin.copy
-      args:
-        content: "threads = 4\n"
-        dest: /tmp/hostlock-example-app.conf
+      ansible.builtin.lineinfile:
+        path: /tmp/hostlock-example-app.conf
+        line: "threads = 4"
+        create: true
         mode: "0644"
   register: config
 
@@ -174,31 +189,31 @@ hostlock:
       type: str
       sample: apt
     module:
-      description: The wrapped module, as written.
+      description: The wrapped module (its FQCN).
       type: str
       sample: ansible.builtin.apt
+    event:
+      description: V(locked) (taken, ran, released), V(conflict), V(self) (held by this run), V(check).
+      type: str
+      sample: locked
+    taken:
+      description: Whether the lock was taken for this task (never in check mode).
+      type: bool
+      sample: true
     waited:
       description: Seconds spent waiting for the lock on the host.
       type: float
       sample: 0.002
     held:
-      description: Seconds the lock was held around the wrapped module, measured on the controller.
+      description: Seconds the lock was held around the wrapped module, measured on the host.
       type: float
+      returned: when the lock was taken
       sample: 1.73
     released:
-      description:
-        - Whether the lock was released right after the wrapped module. V(false) when the host could
-          not be reached to release it; its lease frees it then.
+      description: V(true) once the lock was released after the wrapped module ended.
       type: bool
+      returned: when the lock was taken
       sample: true
-    lease:
-      description: The lease (seconds).
-      type: float
-      sample: 600.0
-    lease_ran_out:
-      description: Present and V(true) when the lease ended before the wrapped module did.
-      type: bool
-      returned: when the lease ran out during the task
     directory:
       description: The lock directory on the host.
       type: str
@@ -208,8 +223,126 @@ hostlock:
       type: bool
       returned: in check mode
     holders:
-      description: In check mode, the current holders (see M(hostlock.core.lock)).
+      description: The holders that kept us waiting (on a conflict), or the current ones (check mode).
       type: list
       elements: dict
-      returned: in check mode
+      returned: in check mode and on a conflict
 """
+import base64
+import json
+import re
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hostlock.core.plugins.module_utils._common import (
+    RESULT_KEY,
+    describe_holders,
+    live_holders,
+    would_acquire,
+)
+from ansible_collections.hostlock.core.plugins.module_utils._runner import (
+    ControllerGone,
+    SelfWait,
+    run_locked,
+    run_payload,
+)
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
+    HostlockError,
+    Lock,
+    LockTimeout,
+    parse_duration,
+    status,
+)
+
+ARGUMENT_SPEC = dict(
+    name=dict(type="str", required=True),
+    lease=dict(type="raw"),
+    timeout=dict(type="raw"),
+    mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
+    slots=dict(type="int", default=1),
+    directory=dict(type="str"),
+    label=dict(type="str"),
+    on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
+    task=dict(
+        type="dict",
+        required=True,
+        options=dict(module=dict(type="str"), args=dict(type="raw")),
+    ),
+    # the wrapped module's arguments can hold secrets: never echo the payload back (invocation, logs)
+    payload=dict(type="str", no_log=True),
+)
+
+# The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
+RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
+
+
+def emit(result: dict) -> None:
+    """Print the wrapped module's own result (plus ours) as it is: it was formatted by AnsibleModule."""
+    print("\n" + json.dumps(result))
+    sys.exit(0)
+
+
+def holder_dicts(name: str, directory: str | None) -> list:
+    return [h.as_dict() for h in status(name, directory=directory).holders]
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    p = module.params
+    name = p["name"]
+    wrapped = (p["task"] or {}).get("module") or "?"
+    if not p["payload"]:
+        module.fail_json(msg="hostlock.core.locked runs through its action plugin, which builds the wrapped "
+                         "module: run it from a playbook task (payload missing)")
+    try:
+        timeout = None if p["timeout"] is None else parse_duration(p["timeout"], "timeout")
+        if p["lease"] is not None:
+            parse_duration(p["lease"], "lease")
+        payload = base64.b64decode(p["payload"])
+        lock = Lock(name, mode=p["mode"], slots=p["slots"], directory=p["directory"], label=p["label"])
+    except (HostlockError, ValueError, TypeError) as e:
+        module.fail_json(msg=f"lock {name}: {e}")
+    marker_match = RUN_MARKER.search(p["label"] or "")
+    marker = marker_match.group(0) if marker_match else None
+    info = dict(name=name, module=wrapped, directory=lock.directory, taken=False, waited=0.0)
+
+    if module.check_mode:
+        holders = holder_dicts(name, p["directory"])
+        info.update(event="check", free=would_acquire(holders, p["mode"], p["slots"]), holders=holders)
+        result, _pid = run_payload(payload)
+        result[RESULT_KEY] = info
+        emit(result)
+
+    def holders_of() -> list:
+        return holder_dicts(name, p["directory"])
+
+    try:
+        result = run_locked(lock, payload, timeout, holders_of=holders_of, marker=marker, module=wrapped)
+    except ControllerGone:
+        sys.exit(1)  # nobody reads a result any more: the wrapped module never ran
+    except SelfWait as e:
+        info.update(event="self", holders=e.holders)
+        module.fail_json(
+            msg=f"lock {name} is held by this same playbook run ({describe_holders(e.holders)}): a run never "
+            "waits for itself. Inside a held hostlock.core.lock of this name, run the task without "
+            "hostlock.core.locked; for several hosts sharing a lock delegated to one host, take it once "
+            "(run_once: true) or per host with different names",
+            **{RESULT_KEY: info},
+        )
+    except LockTimeout as e:
+        holders = [h.as_dict() for h in e.holders]
+        info.update(event="conflict", holders=holders, waited=timeout)
+        msg = (f"lock {name} in {lock.directory} is still held after {timeout}s by "
+               f"{describe_holders(live_holders(holders))} (see: hostlock status {name}); {wrapped} did not run")
+        if p["on_conflict"] == "skip":
+            module.exit_json(skipped=True, changed=False, msg=msg, **{RESULT_KEY: info})
+        module.fail_json(msg=msg, **{RESULT_KEY: info})
+    except HostlockError as e:
+        module.fail_json(msg=f"lock {name}: {e}", **{RESULT_KEY: info})
+    info.update(result.pop(RESULT_KEY, {}), event="locked", taken=True)
+    result[RESULT_KEY] = info
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+# Copyright: (c) 2025, hostlock maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""PRIVATE to this collection: the id of this ansible-playbook run, as the hosts see it in lock labels.
+
+A lock's owner is a task execution (hostlock.core.locked) or a lease (hostlock.core.lock); neither is
+re-entrant. The run id lets a host recognise that a lock is held by the same run that now asks for it
+(a lease taken earlier in the play, another host of the play whose lock is delegated to the same host),
+which would never be released while the run waits: the modules then fail at once instead of waiting.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+
+
+def _start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks (Linux /proc); a pid alone can be reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):  # not Linux: the pid and host must do
+        return "?"
+
+
+def run_id() -> str:
+    """A short stable id for this ansible-playbook process, computed in its forked workers."""
+    # Task workers are forked by the ansible-playbook process: from a worker, the run is the parent.
+    pid = os.getppid()
+    seed = f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:12]
+
+
+def run_marker() -> str:
+    """What the plugins append to a lock's label: the modules look for it among the holders."""
+    return f"[run {run_id()}]"
