@@ -4,8 +4,8 @@ Two questions, each answered by anchors measured in the same run:
 
 1. hostlock.core.locked vs ansible.builtin.ping: a play of N `locked`-wrapped ping tasks against a play of N
    plain ping tasks, over the local connection and over real SSH (a throwaway sshd on 127.0.0.1). Per-task
-   cost = (play time - empty play time) / N. The lock takes and releases through two module runs, so the
-   target is locked/ping <= 3.0 (the wrapped module plus two round trips).
+   cost = (play time - empty play time) / N. The lock is taken, the wrapped module run and the lock released
+   inside one module run on the host, so the target is locked/ping <= 1.3 (printed as met or missed).
 2. hostlock.core.serialize: the same ping play with and without the callback, runs interleaved; overhead in
    percent of the run (target: under 1%), plus the callback's own in-process cost per play.
 
@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration" / "ansible"))
 from harness import VENV_BIN, Sshd, bare_python, build_collection  # noqa: E402 - path set up just above
 
 SECTION = "## Ansible"
+TARGET = 1.3  # locked / ping per task (issue 9)
 
 
 def playbook(path: Path, tasks: int, kind: str, lockdir: str) -> Path:
@@ -38,7 +39,7 @@ def playbook(path: Path, tasks: int, kind: str, lockdir: str) -> Path:
     elif kind == "locked":
         task = (
             "    - hostlock.core.locked:\n"
-            "        name: bench\n        lease: 60\n"
+            "        name: bench\n"
             f"        directory: {lockdir}\n"
             "        task: {module: ansible.builtin.ping}\n"
         )
@@ -204,7 +205,8 @@ def main() -> None:
         m, p = r["med"], r["per"]
         lines.append(
             f"| {conn} | {m['empty']:.2f} s | {m['ping']:.2f} s | {m['locked']:.2f} s | {p['ping'] * 1000:.0f} ms "
-            f"| {p['locked'] * 1000:.0f} ms | **{r['ratio']:.2f}x** ({r['lo']:.2f}-{r['hi']:.2f}; target <= 3.0) |"
+            f"| {p['locked'] * 1000:.0f} ms | **{r['ratio']:.2f}x** ({r['lo']:.2f}-{r['hi']:.2f}; target <= "
+            f"{TARGET}: {'met' if r['ratio'] <= TARGET else 'MISSED'}) |"
         )
     lines += [
         "",
@@ -215,15 +217,18 @@ def main() -> None:
         f"(target < 1%) | {cb['spread']:.1f}% | load {load * 1000:.1f} ms once + {hook * 1e6:.0f} us per host "
         f"per play = {(load + hook) / cb['plain'] * 100:.2f}% of this run |",
         "",
-        "`locked` runs three modules per task (take the lease, the wrapped module, release); the ratio says what "
-        "the two extra round trips cost next to the module they protect (the fixed per-task cost of a task is "
-        "paid once, so the ratio stays under 3 when the lock module costs what ping costs). The callback's "
+        "`locked` is one module run per task, like ping: the host-side runner takes the lock, runs the wrapped "
+        "module's payload (built on the controller) as its child and releases; what it adds is building the "
+        "payload on the controller, a second interpreter start on the host and the lock itself. The callback's "
         "end-to-end difference is measured, but on a shared machine it drowns in the run-to-run spread; its own "
         "cost, timed in-process, is what it adds: loading the plugin and compiling the engine copy once "
         "(the collection loader keeps no .pyc), then a kernel lock taken and released per host per play.",
     ]
     table = "\n".join(lines)
     print(table)
+    for conn, r in rows:
+        verdict = "met" if r["ratio"] <= TARGET else "missed"
+        print(f"locked/ping {conn}: {r['ratio']:.2f}x, target <= {TARGET}: {verdict}", file=sys.stderr)
     if not args.no_write:
         write_section(table)
         print(f"\nwrote the table into {REPO / 'docs' / 'benchmarks.md'} under '{SECTION}'", file=sys.stderr)

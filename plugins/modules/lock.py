@@ -35,7 +35,8 @@ options:
       - V(acquired) takes the lock (waiting up to O(timeout)) and returns a RV(token). Given an
         existing O(token), it renews that lease to O(lease) seconds from now instead.
       - V(released) gives up the lease named by O(token). Releasing a lease that is no longer held
-        (released already, lease ran out) is OK and unchanged, with a warning.
+        (released already, lease ran out) is OK and unchanged, with a warning. A token whose secret is
+        wrong for a live lease fails the task.
     type: str
     choices: [acquired, released]
     default: acquired
@@ -54,16 +55,21 @@ options:
     default: 1
   timeout:
     description:
-      - Seconds to wait for the lock; V(0) tries once. Omit to wait as long as it takes.
+      - How long to wait for the lock, as seconds (V(90), V(1.5)) or a duration (V(10m), V(1h30m));
+        V(0) tries once. Omit to wait as long as it takes.
       - When the time is up the task fails naming the holders (see O(on_conflict)).
-    type: float
+      - A lock held by this same playbook run (another host of the play whose lock is delegated to the
+        same host, a lease of the same name taken earlier) fails the task at once instead, as a run never
+        waits for itself.
+    type: raw
   lease:
     description:
-      - Seconds the lock is kept at most. Required with O(state=acquired).
+      - How long the lock is kept at most, as seconds or a duration (V(10m)). Required with
+        O(state=acquired). At most about 24 days.
       - The lease is what frees the lock when the playbook never comes back to release it (a killed
         run, a lost connection). Choose it longer than the work it protects; renew it with
         O(state=acquired) and the O(token) for long work.
-    type: float
+    type: raw
   token:
     description:
       - The RV(token) returned when the lock was acquired.
@@ -88,7 +94,8 @@ options:
   label:
     description:
       - Free text stored with the lock and shown by C(hostlock status) and in other tasks' errors.
-      - Defaults to one naming the play, the task, and the controller user and host.
+      - Defaults to one naming the play, the task, and the controller user and host. The controller
+        appends C([run ID]) naming its C(ansible-playbook) run.
     type: str
   on_conflict:
     description:
@@ -201,8 +208,11 @@ acquired:
   sample: true
 token:
   description:
-    - The lease's secret token; pass it as O(token) to release or renew the lock.
-    - Anyone with the token can release the lease, so treat it like a password.
+    - The lease's token, C(TOKEN_ID.SECRET); pass it as O(token) to release or renew the lock.
+    - Anyone with the token can release the lease, so treat it like a password; register the task that
+      takes the lock with C(no_log=true) to keep it out of the output (RV(token_id) is public).
+    - A renewal returns the same token, so registering the renewal's result in the same variable keeps
+      it usable.
   returned: when a lease was taken or renewed
   type: str
   sample: 3f1c2e5a9b07.bd2a6c0f5e8a4d2b9c1e7f30a6d4c2b1
@@ -296,6 +306,8 @@ hostlock:
   sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e5a9b07, lease_expires: 1767225600.5}
 """
 
+import re
+import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -305,12 +317,20 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     live_holders,
     would_acquire,
 )
+from ansible_collections.hostlock.core.plugins.module_utils._runner import (
+    SELF_CHECK_EVERY,
+    ControllerGone,
+    SelfWait,
+    controller_gone,
+    own_holders,
+)
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     LockTimeout,
     TokenError,
     break_lock,
     hold,
+    parse_duration,
     release,
     renew,
     status,
@@ -321,14 +341,17 @@ ARGUMENT_SPEC = dict(
     state=dict(type="str", choices=["acquired", "released"], default="acquired"),
     mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
     slots=dict(type="int", default=1),
-    timeout=dict(type="float"),
-    lease=dict(type="float"),
+    timeout=dict(type="raw"),
+    lease=dict(type="raw"),
     token=dict(type="str", no_log=True),
     force=dict(type="bool", default=False),
     directory=dict(type="path"),
     label=dict(type="str"),
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
 )
+
+# The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
+RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
 
 # A bound, not a delay: the holder unlocks first and then answers (hostlock._lease), so when release() returns the
 # lock is free and settle() normally returns at once; this bounds it should status still show our holder.
@@ -391,8 +414,12 @@ class Task:
                                free=False)
         started = time.monotonic()
         try:
-            token = hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"], directory=self.directory,
-                         timeout=p["timeout"], label=p["label"])
+            token = self.hold(started)
+        except SelfWait as e:
+            msg = (f"lock {self.name} is held by this same playbook run ({describe_holders(e.holders)}): a run never "
+                   "waits for itself. For hosts sharing one lock delegated to one host, take it once with "
+                   "run_once: true; inside a held lease of this name, do not take it again")
+            raise Conflict(msg, self.result("self", False, msg, round(time.monotonic() - started, 3))) from None
         except LockTimeout as e:
             waited = round(time.monotonic() - started, 3)
             self.holders = [h.as_dict() for h in e.holders]
@@ -406,6 +433,27 @@ class Task:
         expires = mine.get("lease_expires") or time.time() + p["lease"]
         return self.result("acquired", True, f"took lock {self.name} (waited {waited}s, lease {p['lease']}s)",
                            waited, acquired=True, token=token, token_id=token_id, lease_expires=expires)
+
+    def hold(self, started: float) -> str:
+        """hold() in slices: between them, fail at once on a holder of our own run, stop if the controller left."""
+        p = self.p
+        marker = RUN_MARKER.search(p["label"] or "")
+        deadline = None if p["timeout"] is None else started + p["timeout"]
+        while True:
+            if marker:
+                mine = own_holders(self.refresh(), marker.group(0))
+                if mine:
+                    raise SelfWait(mine)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            step = SELF_CHECK_EVERY if left is None else min(left, SELF_CHECK_EVERY)
+            try:
+                return hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"], directory=self.directory,
+                            timeout=step, label=p["label"])
+            except LockTimeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+            if controller_gone():
+                raise ControllerGone()
 
     def renew(self) -> dict:
         token_id = self.token_id()
@@ -435,7 +483,8 @@ class Task:
         try:
             release(self.name, self.p["token"], directory=self.directory)
         except TokenError as e:
-            if getattr(e, "reason", "") == "malformed":
+            if getattr(e, "reason", "") in ("malformed", "refused"):
+                # a wrong secret for a live lease: the lock is NOT released, the task must say so
                 raise
             self.module.warn(f"lock {self.name}: the token holds no lease: it was released already or its lease "
                              f"ran out ({e}). Holders now: {describe_holders(live_holders(self.holders))}")
@@ -475,10 +524,14 @@ def check_params(module: AnsibleModule) -> None:
         module.fail_json(msg=f"slots must be 1 or more (got {p['slots']})")
     if p["slots"] > 1 and p["mode"] != "exclusive":
         module.fail_json(msg=f"slots={p['slots']} makes a semaphore, which needs mode=exclusive (got {p['mode']})")
-    if p["lease"] is not None and not 0 < p["lease"] < float("inf"):
-        module.fail_json(msg=f"lease must be a positive number of seconds (got {p['lease']})")
-    if p["timeout"] is not None and p["timeout"] < 0:
-        module.fail_json(msg=f"timeout must be 0 (try once) or more seconds; omit it to wait (got {p['timeout']})")
+    for key in ("lease", "timeout"):
+        if p[key] is not None:
+            try:
+                p[key] = parse_duration(p[key], key)
+            except ValueError as e:
+                module.fail_json(msg=str(e))
+    if p["lease"] is not None and not p["lease"] > 0:
+        module.fail_json(msg=f"lease must be more than 0 seconds (got {p['lease']})")
     if p["force"] and p["state"] != "released":
         module.fail_json(msg="force=true only applies to state=released")
 
@@ -495,8 +548,10 @@ def main() -> None:
     try:
         task = Task(module)
         result = task.acquire() if module.params["state"] == "acquired" else task.release()
+    except ControllerGone:
+        sys.exit(1)  # nobody reads a result any more: no lease was taken
     except Conflict as e:
-        if module.params["on_conflict"] == "skip":
+        if module.params["on_conflict"] == "skip" and e.result.get("hostlock", {}).get("event") != "self":
             module.exit_json(skipped=True, name=name, **e.result)
         module.fail_json(name=name, **e.result)
     except (HostlockError, ValueError) as e:

@@ -82,8 +82,8 @@ options:
   task:
     description:
       - The one task to run while the lock is held, either as O(task.module) and O(task.args), or in
-        the task's own shape, one key naming the module (for example
-        C({ansible.builtin.apt: {name: curl}}) or C({ansible.builtin.command: echo hi})).
+        the task's own shape, one key naming the module with its arguments, a mapping or a free-form
+        string (see the examples).
     type: dict
     required: true
     suboptions:
@@ -131,7 +131,7 @@ notes:
   - To hold a lock across several tasks (a block, an C(include_tasks), a role), use
     M(hostlock.core.lock) to take it and release it; see the collection's docs/ansible.md.
   - Loops work as for any task; each item takes and releases the lock.
-  - Owner scope, the lock belongs to the C(locked) process running this one task execution on the host.
+  - Owner scope is the task execution, the lock belongs to the C(locked) process running this one task on the host.
 seealso:
   - module: hostlock.core.lock
   - module: hostlock.core.lock_info

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -164,3 +165,40 @@ def test_bad_input_is_named(ansible):
     assert r["Bad name"]["_status"] == "failed" and "../etc" in r["Bad name"]["msg"], r["Bad name"]
     assert r["Shared semaphore"]["_status"] == "failed" and "mode=exclusive" in r["Shared semaphore"]["msg"]
     assert r["Release without token"]["_status"] == "ok" and not r["Release without token"]["changed"]
+
+
+def test_leases_durations_renewal_wrong_secret_and_own_run(ansible, engine):
+    """Issue 9 items 3 and 4: a run never waits for itself, a renewal keeps the token, a wrong secret fails."""
+    run = ansible.play("leases.yml", "-v")
+    assert run.rc == 0, run.out  # the expected failures are ignored
+    r = run.results()
+    assert r["Check the renewal kept the token usable"]["loc"]["_status"] == "ok", run.out
+    released = r["Release with the token of the renewal's result"]["loc"]
+    assert released["_status"] == "ok" and released["changed"] and released["released"], released
+    # the secret half never shows, even with -v (the playbook registers the token with no_log)
+    assert not re.search(re.escape(released["token_id"]) + r"\.[0-9a-f]{32}", run.out), run.out
+    assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" not in run.out
+
+    nested = r["Run locked inside the held lease of the same name"]["loc"]
+    assert nested["_status"] == "failed" and "never waits for itself" in nested["msg"], nested
+    assert nested["hostlock"]["event"] == "self" and "ping" not in nested, nested
+
+    wrong = r["Release with a wrong secret"]["loc"]
+    assert wrong["_status"] == "failed" and "refused" in wrong["msg"], wrong
+    absurd = r["Take a lease that is too long"]["loc"]
+    assert absurd["_status"] == "failed" and "lease" in absurd["msg"] and "too long" in absurd["msg"], absurd
+
+    group = r["Take the group's lock on the first host, for every host of the play"]
+    statuses = sorted(h["_status"] for h in group.values())
+    assert statuses == ["failed", "ok"], group
+    (refused,) = [h for h in group.values() if h["_status"] == "failed"]
+    assert "never waits for itself" in refused["msg"] and "run_once" in refused["msg"], refused
+    once = r["Release the play's lock once"]
+    assert [(h["_status"], h["changed"]) for h in once.values()] == [("ok", True)], once
+    # the block pattern: the included file runs under the block's lease; the release runs after a failure
+    info = r["Read the lock from the included file"]["loc"]["locks"][0]["holders"]
+    assert [h["token_id"] for h in info] == [r["Release the block's lock, also after a failure"]["loc"]["token_id"]]
+    assert r["Release the block's lock, also after a failure"]["loc"]["changed"]
+    assert (ansible.work / "block-events").read_text().split() == ["block", "included"]
+    for name in ("lease-one", "group-lock", "group-once", "block-lock"):
+        assert not [h for h in engine.holders(name, directory=str(ansible.lockdir)) if not h.stale], name
