@@ -551,7 +551,7 @@ def main() -> None:
     except ControllerGone:
         sys.exit(1)  # nobody reads a result any more: no lease was taken
     except Conflict as e:
-        if module.params["on_conflict"] == "skip" and e.result.get("hostlock", {}).get("event") != "self":
+        if module.params["on_conflict"] == "skip":
             module.exit_json(skipped=True, name=name, **e.result)
         module.fail_json(name=name, **e.result)
     except (HostlockError, ValueError) as e:

@@ -74,8 +74,8 @@ options:
       - When the lock is still held by others after O(timeout), V(fail) fails the task naming the
         holders, V(skip) skips it (the wrapped module does not run).
       - A lock held by the same playbook run (a M(hostlock.core.lock) lease of the same name taken
-        earlier in the run, another host of the play whose lock is delegated to the same host) fails at
-        once whatever O(timeout) says, as waiting for it would never end.
+        earlier in the run, another host of the play whose lock is delegated to the same host) fails (or,
+        with V(skip), skips) at once whatever O(timeout) says, as waiting for it would never end.
     type: str
     choices: [fail, skip]
     default: fail
@@ -322,6 +322,9 @@ def main() -> None:
         sys.exit(1)  # nobody reads a result any more: the wrapped module never ran
     except SelfWait as e:
         info.update(event="self", holders=e.holders)
+        if p["on_conflict"] == "skip":
+            module.exit_json(skipped=True, changed=False, msg=f"lock {name} is held by this same playbook run "
+                             f"({describe_holders(e.holders)}); {wrapped} did not run", **{RESULT_KEY: info})
         module.fail_json(
             msg=f"lock {name} is held by this same playbook run ({describe_holders(e.holders)}): a run never "
             "waits for itself. Inside a held hostlock.core.lock of this name, run the task without "

@@ -1,0 +1,144 @@
+"""Unit tests for plugins/module_utils/_runner.py: the host-side runner of hostlock.core.locked.
+
+Real processes and real locks in a temporary directory; the "payload" is a small Python script read on
+stdin, as AnsiballZ is read under pipelining.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import threading
+
+import pytest
+from ansible_collections.hostlock.core.plugins.module_utils._runner import (
+    SelfWait,
+    acquire,
+    own_holders,
+    parse_result,
+    run_locked,
+    run_payload,
+)
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import Lock, LockTimeout, holders
+
+
+@pytest.fixture
+def lockdir():
+    with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o700)
+        yield d
+
+
+def test_payload_result_is_the_modules_json():
+    result, pid = run_payload(b"import json; print('noise'); print(json.dumps({'changed': True, 'x': 1}))")
+    assert result == {"changed": True, "x": 1} and pid > 0
+
+
+def test_payload_without_json_is_a_module_failure():
+    result, _pid = run_payload(b"import sys; sys.stderr.write('boom'); sys.exit(3)")
+    assert result["failed"] and result["rc"] == 3 and result["module_stderr"] == "boom", result
+    assert parse_result(b"{not json}", b"", 0)["failed"]
+
+
+def test_lock_is_held_while_the_payload_runs_and_released_after(lockdir):
+    gate_r, gate_w = os.pipe()
+    seen = {}
+    lock = Lock("runner", directory=lockdir)
+
+    def watch():
+        os.read(gate_r, 1)  # the payload runs now
+        seen["during"] = [h for h in holders("runner", directory=lockdir) if not h.stale]
+        os.close(gate_w_child)
+
+    ready_r, ready_w = os.pipe()
+    gate_w_child = ready_w
+    os.set_inheritable(gate_w, True)
+    os.set_inheritable(ready_r, True)
+    payload = (
+        f"import os, json; os.write({gate_w}, b'x'); os.read({ready_r}, 1); print(json.dumps({{'ok': 1}}))"
+    ).encode()
+    t = threading.Thread(target=watch)
+    t.start()
+    # the child must see our pipe ends: run_payload closes other descriptors, so pass them explicitly
+    import subprocess
+
+    real_popen = subprocess.Popen
+
+    def popen(*a, **kw):
+        kw["pass_fds"] = (gate_w, ready_r)
+        return real_popen(*a, **kw)
+
+    subprocess.Popen = popen
+    try:
+        result = run_locked(lock, payload, timeout=5)
+    finally:
+        subprocess.Popen = real_popen
+    t.join(10)
+    assert result["ok"] == 1 and result["hostlock"]["released"] is True, result
+    assert [h.pid for h in seen["during"]] == [os.getpid()], seen
+    assert not [h for h in holders("runner", directory=lockdir) if not h.stale]
+
+
+def test_own_run_holder_fails_at_once(lockdir):
+    marker = "[run abc123]"
+    assert own_holders([dict(label=f"x {marker}", stale=False)], marker)
+    assert not own_holders([dict(label=f"x {marker}", stale=True)], marker), "a dead holder is nobody's"
+    assert not own_holders([dict(label="x [run other]", stale=False)], marker)
+    other = Lock("selfwait", directory=lockdir, label=f"lease {marker}").acquire()
+    try:
+        lock = Lock("selfwait", directory=lockdir)
+        with pytest.raises(SelfWait):
+            acquire(
+                lock,
+                None,
+                lambda: [h.as_dict() for h in holders("selfwait", directory=lockdir)],
+                marker,
+                watch_controller=False,
+            )
+        with pytest.raises(LockTimeout):
+            acquire(lock, 0.2, lambda: [], marker, watch_controller=False)
+    finally:
+        other.release()
+
+
+def test_signals_are_forwarded_and_the_work_is_waited_for():
+    """SIGTERM to the runner reaches the payload, which ends; the result says the task was interrupted."""
+    payload = (
+        b"import json, signal, time, sys\n"
+        b"def done(*a):\n    print(json.dumps({'got': 'TERM'})); sys.exit(0)\n"
+        b"signal.signal(signal.SIGTERM, done)\n"
+        b"import os; os.kill(os.getppid(), signal.SIGTERM)\n"
+        b"time.sleep(60)\n"
+    )
+    result, _pid = run_payload(payload)
+    assert result["got"] == "TERM" and result["failed"] and "SIGTERM" in result["msg"], result
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL or signal.getsignal(signal.SIGTERM) is not None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_payload_dies_with_a_killed_runner():
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the runner
+        os.close(r)
+        payload = f"import os, time; os.write({w}, str(os.getpid()).encode()); time.sleep(60)".encode()
+        import subprocess
+
+        real_popen = subprocess.Popen
+        subprocess.Popen = lambda *a, **kw: real_popen(*a, **dict(kw, pass_fds=(w,)))
+        run_payload(payload)
+        os._exit(0)
+    os.close(w)
+    child = int(os.read(r, 32))
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    # the payload's write end closes only when it has died: read() returns EOF then
+    assert os.read(r, 1) == b""
+    try:
+        with open(f"/proc/{child}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except OSError:
+        state = "gone"
+    assert state in ("gone", "Z", "X"), f"the payload outlived its runner (state {state})"
