@@ -31,17 +31,19 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from .hostlock import Lock, LockTimeout
 
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_LIBC: Any = None
 try:  # Linux: let the kernel kill the wrapped module when the runner dies (SIGKILL cannot be caught)
     import ctypes
 
     _LIBC = ctypes.CDLL(None, use_errno=True)
-    _PR_SET_PDEATHSIG = 1
-    _PR_SET_CHILD_SUBREAPER = 36
 except (ImportError, OSError):  # no ctypes or no libc symbol table: signals are still forwarded
-    _LIBC = None
+    pass
 
 # Signals a runner forwards to its child instead of dying: the lock must outlive the work.
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
