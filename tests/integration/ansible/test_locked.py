@@ -168,8 +168,8 @@ def test_locked_lock_lives_as_long_as_the_work_when_the_controller_dies(ansible,
 def test_locked_killed_controller_stops_waiting(ansible, engine, tmp_path, sig):
     """A controller killed while its task waits for the lock over SSH.
 
-    Ctrl-C and SIGTERM: the task gives up on the host and never runs. kill -9: the ssh ControlPersist
-    master outlives the controller and keeps the session open, so the host cannot tell; the task then runs
+    Ctrl-C and SIGTERM: the task gives up on the host and never runs. kill -9: when the ssh ControlPersist
+    master outlives the controller it keeps the session open, so the host cannot tell; the task then runs
     once the lock comes free, still under the lock (documented in docs/ansible.md). Either way, no overlap.
     """
     lock = f"waiting-{sig.lower()}"
@@ -191,14 +191,16 @@ def test_locked_killed_controller_stops_waiting(ansible, engine, tmp_path, sig):
         gate.touch()
         assert holder.wait(timeout=60) == 0
         if sig == "SIGKILL":
-            _wait_for(lambda: "in " in events.read_text(), "the orphaned task to take the lock")
+            # either the host noticed (the master went too) and gave up, or the task runs now, under the lock
+            _wait_for(lambda: "in " in events.read_text() or not _waiting_runner(lock), "the orphaned task")
             never.touch()
             _wait_for(lambda: not _waiting_runner(lock), "the orphaned task to end")
         done = subprocess.run([*hostlock_cli(), "run", "-w", "30", "-d", str(ansible.lockdir), lock, "true"],
                               check=False)
         assert done.returncode == 0
         lines = [line.split()[0] for line in events.read_text().splitlines()]
-        assert lines == (["held", "released", "in", "out"] if sig == "SIGKILL" else ["held", "released"]), lines
+        allowed = [["held", "released"]] + ([["held", "released", "in", "out"]] if sig == "SIGKILL" else [])
+        assert lines in allowed, lines
     finally:
         gate.touch()
         never.touch()
