@@ -40,9 +40,13 @@ class UsageError(Exception):
         self.command = command
 
 
+# Control characters from arguments or file names, escaped: a message stays one line on any terminal.
+_CONTROL = {i: "\\x%02x" % i for i in (*range(32), 127)}
+
+
 def say(message: str) -> None:
     """One diagnostic line on stderr, unbuffered: never mixed into the job's stdout, never lost on fork."""
-    data = ("%s: %s\n" % (PROG, message)).encode("utf-8", "backslashreplace")
+    data = ("%s: %s\n" % (PROG, message.translate(_CONTROL))).encode("utf-8", "backslashreplace")
     try:
         while data:
             data = data[os.write(2, data):]

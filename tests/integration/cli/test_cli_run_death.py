@@ -176,3 +176,16 @@ def test_a_job_that_ends_normally_leaves_its_daemons_running_without_the_lock(cl
     assert r.returncode == 0
     assert pid_alive(daemon)
     assert cli.run("run", "-n", "L", "true").returncode == 0
+
+
+@pytest.mark.parametrize("where", [["L"], ["--path", "FILE"], ["--mechanism", "flock", "L"]])
+def test_the_lock_is_free_the_moment_a_normal_run_exits(cli, tmp_path, where):
+    """The watcher shares the lock's description, but hostlock unlocks before it exits: a run started
+    right after another one ended never finds the lock busy (repeated, to give a race every chance)."""
+    where = [str(tmp_path / "file") if w == "FILE" else w for w in where]
+    if where[0] == "--mechanism":
+        where = ["-d", str(tmp_path / "flockdir"), *where]
+    for _i in range(20):
+        first = cli.run("run", "-n", *where, "true")
+        second = cli.run("run", "-n", *where, "true")
+        assert (first.returncode, second.returncode) == (0, 0), (first.stderr, second.stderr)
