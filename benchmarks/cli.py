@@ -80,9 +80,10 @@ def once(argv: list[str], env: dict[str, str]) -> float:
 NOTES = """\
 What the time goes to (`python -X importtime`, strace): the interpreter itself (~9 ms quiet), `import os`
 (~1.5 ms: with -S nothing imports it earlier), the lock library (~3 ms), the command line (~0.6 ms), one
-fork for the job and one for the watcher that kills the job's process group if hostlock is killed,
-prctl(PR_SET_PDEATHSIG), exec. The interpreter's teardown (~3 ms) is skipped with os._exit() once every
-lock is released and every stream flushed. flock(1) is a C program that execs the job in a forked child
+fork for the job and one for the watcher (setsid, a duplicate of the lock's descriptor, a pipe: it keeps
+the lock and kills the job's whole tree if hostlock is killed), a gate pipe, prctl(PR_SET_PDEATHSIG), exec.
+The interpreter's teardown (~3 ms) is skipped with os._exit() once every lock is released and every
+stream flushed. flock(1) is a C program that execs the job in a forked child
 and waits: it cannot forward signals, and its job inherits the lock (docs/cli.md)."""
 
 

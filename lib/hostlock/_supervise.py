@@ -225,8 +225,11 @@ def _watch(r: int, keep: list[int]) -> None:
         # wait for us), not another lock of this process.
         wanted = set(keep)
         wanted.add(r)
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
+        try:
+            fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:  # no /proc: every possible descriptor (bounded: this is a fallback)
+            fds = list(range(min(os.sysconf("SC_OPEN_MAX"), 65536)))
+        for fd in fds:
             if fd not in wanted:
                 try:
                     os.close(fd)

@@ -38,11 +38,14 @@ ADMIN_VALUED = ["-d", "--dir", "--lease", "-w", "--wait", "-E", "--older-than", 
 
 def words(flags, valued):
     """A command line: options (with values, glued or not), operands, any text, in any order."""
+
+    def glued(t):
+        return ["%s=%s" % t if t[0].startswith("--") else t[0] + t[1]]
+
     word = st.one_of(
         st.sampled_from(flags).map(lambda f: [f]),
         st.tuples(st.sampled_from(valued), VALUE).map(list),
-        st.tuples(st.sampled_from(valued), VALUE).map(lambda t: ["%s=%s" % t if t[0].startswith("--")
-                                                                  else t[0] + t[1]]),
+        st.tuples(st.sampled_from(valued), VALUE).map(glued),
         st.sampled_from(["NAME", "a", "../x", "x" * 101, "true", "sh", "FILE", "3"]).map(lambda w: [w]),
         VALUE.map(lambda v: [v]),
     )
