@@ -27,6 +27,9 @@ VENV_HASH  := $(shell cat requirements/dev.txt lib/pyproject.toml tools/make_ven
 VENV_STAMP := $(VENV)/.stamp-$(VENV_HASH)
 
 PYTEST_ARGS ?=
+# pytest-xdist workers for the integration suites whose tests are independent (own tmp dirs, free ports):
+# test-engine 110 s -> 71 s, test-cli 80 s -> 28 s on 2 busy cores. XDIST= runs them serially.
+XDIST ?= -n 2
 TEST_TARGETS  := lint test-unit
 QUICK_TARGETS := lint test-unit
 DEMO_TARGETS  :=

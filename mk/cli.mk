@@ -9,7 +9,7 @@
 .PHONY: test-cli test-cli-unit bench-cli
 
 test-cli: venv
-	$(PYTEST) -q tests/integration/cli $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST) tests/integration/cli $(PYTEST_ARGS)
 
 test-cli-unit: venv
 	$(PYTEST) -q tests/unit/cli $(PYTEST_ARGS)

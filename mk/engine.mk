@@ -10,7 +10,7 @@
 .PHONY: test-engine test-pythons
 
 test-engine: venv
-	$(PYTEST) -q tests/integration/engine $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST) tests/integration/engine $(PYTEST_ARGS)
 
 PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
 ENGINE_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
