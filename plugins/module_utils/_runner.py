@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing as t
 from typing import Any
 
 from .hostlock import Lock, LockTimeout
@@ -147,6 +148,122 @@ def acquire(
                 raise
 
 
+class _SharedPackagePath(list):
+    """A package's __path__ that also looks inside every AnsiballZ zip on sys.path.
+
+    A forked runner already imported ansible.module_utils.basic and friends from its own payload zip; the
+    wrapped payload puts its zip on sys.path and imports its module (and module_utils the runner's zip
+    lacks) through these packages. Modules both zips hold were built by the same controller, so they are
+    the same code: the child reuses them instead of importing them again (most of a module's start-up).
+    """
+
+    def __init__(self, original: list[str], parts: list[str]) -> None:
+        super().__init__(original)
+        self._parts = parts
+
+    def __iter__(self) -> t.Iterator[str]:
+        seen = list(super().__iter__())
+        for entry in sys.path:
+            if isinstance(entry, str) and entry.endswith(".zip"):
+                candidate = os.path.join(entry, *self._parts)
+                if candidate not in seen:
+                    seen.append(candidate)
+        return iter(seen)
+
+
+def _share_packages() -> None:
+    for name, mod in list(sys.modules.items()):
+        if (name == "ansible" or name.startswith(("ansible.", "ansible_collections"))) and isinstance(
+            getattr(mod, "__path__", None), list
+        ):
+            mod.__path__ = _SharedPackagePath(list(mod.__path__), name.split("."))
+
+
+def _child_main(payload: bytes, out_w: int, err_w: int, parent: int) -> None:  # pragma: no cover - in the child
+    """Run the wrapped AnsiballZ payload in this forked child as its interpreter would; never returns."""
+    code = 1
+    try:
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        _die_with_parent(parent)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for fd in {null, out_w, err_w} - {0, 1, 2}:
+            os.close(fd)
+        _share_packages()
+        script = os.path.join(os.getcwd(), "AnsiballZ_wrapped.py")
+        sys.argv = [script]
+        exec(compile(payload, script, "exec"), {"__name__": "__main__", "__file__": script})  # noqa: S102
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            sys.stderr.write(f"{e.code}\n")
+    except BaseException:  # the module's own failure: report it as its interpreter would
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # never unwind into the runner's own stack (its AnsiballZ cleanup)
+
+
+def _fork_payload(payload: bytes) -> subprocess.Popen:
+    """Start the payload in a forked child; returns a Popen-like handle (pid, communicate, returncode)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(out_r)
+        os.close(err_r)
+        _child_main(payload, out_w, err_w, parent)
+    os.close(out_w)
+    os.close(err_w)
+    return _Forked(pid, out_r, err_r)  # type: ignore[return-value]
+
+
+class _Forked:
+    """The parts of Popen run_payload uses, for a forked child."""
+
+    def __init__(self, pid: int, out_r: int, err_r: int) -> None:
+        self.pid, self._out, self._err = pid, out_r, err_r
+        self.returncode: int | None = None
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def communicate(self, _input: object = None) -> tuple[bytes, bytes]:
+        chunks: dict = {self._out: [], self._err: []}
+        open_fds = [self._out, self._err]
+        while open_fds:
+            ready, _w, _x = select.select(open_fds, [], [])
+            for fd in ready:
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    open_fds.remove(fd)
+                    os.close(fd)
+        _pid, status = os.waitpid(self.pid, 0)
+        self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return b"".join(chunks[self._out]), b"".join(chunks[self._err])
+
+
+# Fork the payload (reusing the runner's imports) where fork exists and the payload is a Python AnsiballZ
+# wrapper of the kind that runs its module through `_ansiballz_main`; else start a fresh interpreter.
+FORK = hasattr(os, "fork")
+
+
 def run_payload(payload: bytes, interpreter: str | None = None) -> tuple[dict, int]:
     """Run an AnsiballZ payload as Ansible pipelining does; returns (module result, child pid).
 
@@ -160,14 +277,21 @@ def run_payload(payload: bytes, interpreter: str | None = None) -> tuple[dict, i
     parent = os.getpid()
     got: list = []
     adopting = _become_subreaper()
-    child = subprocess.Popen(
-        [interpreter],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509 - needed for PR_SET_PDEATHSIG
-        close_fds=True,  # the lock's descriptors stay with us: a module's daemons never keep the lock
-    )
+    child: t.Any
+    if FORK and b"_ansiballz_main" in payload:
+        # the engine closes the lock's descriptors in a forked child (never unlocking them): the lock
+        # stays ours alone, and the child dies with us (PR_SET_PDEATHSIG)
+        child = _fork_payload(payload)
+        payload = None  # type: ignore[assignment]
+    else:
+        child = subprocess.Popen(
+            [interpreter],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509 - needed for PR_SET_PDEATHSIG
+            close_fds=True,  # the lock's descriptors stay with us: a module's daemons never keep the lock
+        )
 
     def forward(signum: int, _frame: object) -> None:
         got.append(signum)
@@ -248,3 +372,14 @@ def run_locked(
         lock.release()
     result["hostlock"] = dict(waited=waited, held=round(time.monotonic() - held_from, 3), released=True)
     return result
+
+
+def emit_result(result: dict) -> t.NoReturn:
+    """Print a module result that AnsibleModule already formatted (the wrapped module's), and end.
+
+    exit_json would format it a second time (invocation, warnings, deprecations are the wrapped module's);
+    the controller reads the last JSON object of our stdout as the task's result.
+    """
+    sys.stdout.write("\n" + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    raise SystemExit(0)

@@ -307,7 +307,6 @@ hostlock:
 """
 
 import re
-import sys
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -548,8 +547,8 @@ def main() -> None:
     try:
         task = Task(module)
         result = task.acquire() if module.params["state"] == "acquired" else task.release()
-    except ControllerGone:
-        sys.exit(1)  # nobody reads a result any more: no lease was taken
+    except ControllerGone:  # nobody reads a result any more: no lease was taken
+        module.fail_json(msg=f"lock {name}: the controller is gone (its connection closed) while we waited")
     except Conflict as e:
         if module.params["on_conflict"] == "skip":
             module.exit_json(skipped=True, name=name, **e.result)

@@ -229,9 +229,7 @@ hostlock:
       returned: in check mode and on a conflict
 """
 import base64
-import json
 import re
-import sys
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
@@ -243,6 +241,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     ControllerGone,
     SelfWait,
+    emit_result,
     run_locked,
     run_payload,
 )
@@ -276,12 +275,6 @@ ARGUMENT_SPEC = dict(
 RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
 
 
-def emit(result: dict) -> None:
-    """Print the wrapped module's own result (plus ours) as it is: it was formatted by AnsibleModule."""
-    print("\n" + json.dumps(result))
-    sys.exit(0)
-
-
 def holder_dicts(name: str, directory: str | None) -> list:
     return [h.as_dict() for h in status(name, directory=directory).holders]
 
@@ -311,15 +304,16 @@ def main() -> None:
         info.update(event="check", free=would_acquire(holders, p["mode"], p["slots"]), holders=holders)
         result, _pid = run_payload(payload)
         result[RESULT_KEY] = info
-        emit(result)
+        emit_result(result)
 
     def holders_of() -> list:
         return holder_dicts(name, p["directory"])
 
     try:
         result = run_locked(lock, payload, timeout, holders_of=holders_of, marker=marker, module=wrapped)
-    except ControllerGone:
-        sys.exit(1)  # nobody reads a result any more: the wrapped module never ran
+    except ControllerGone:  # nobody reads a result any more: the wrapped module never ran
+        module.fail_json(msg=f"lock {name}: the controller is gone (its connection closed) while we waited; "
+                         f"{wrapped} did not run", **{RESULT_KEY: info})
     except SelfWait as e:
         info.update(event="self", holders=e.holders)
         if p["on_conflict"] == "skip":
@@ -344,7 +338,7 @@ def main() -> None:
         module.fail_json(msg=f"lock {name}: {e}", **{RESULT_KEY: info})
     info.update(result.pop(RESULT_KEY, {}), event="locked", taken=True)
     result[RESULT_KEY] = info
-    emit(result)
+    emit_result(result)
 
 
 if __name__ == "__main__":

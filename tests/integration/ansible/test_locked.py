@@ -180,7 +180,7 @@ def test_locked_killed_controller_stops_waiting(ansible, engine, tmp_path, sig):
     )
     proc = None
     try:
-        _wait_for(lambda: events.exists(), "the host job to hold the lock")
+        _wait_for(events.exists, "the host job to hold the lock")
         proc = ansible.popen(_work_playbook(ansible, "ssh1", lock, events, never))
         # the task waits on the host: its runner shows up as a process there
         _wait_for(lambda: _waiting_runner(lock), "the locked task to wait on the host")
