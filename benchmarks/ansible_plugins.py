@@ -218,11 +218,11 @@ def main() -> None:
         f"per play = {(load + hook) / cb['plain'] * 100:.2f}% of this run |",
         "",
         "`locked` is one module run per task, like ping: the host-side runner takes the lock, runs the wrapped "
-        "module's payload (built on the controller) as its child and releases; what it adds is building the "
-        "payload on the controller, a second interpreter on the host importing ansible.module_utils.basic again "
-        "(most of a ping's own host-side cost: about 0.05 s to start Python 3.8, 0.1-0.2 s for that import) and "
-        "the lock itself. That second import is why the 1.3x target is missed; running the payload in a forked "
-        "child that reuses the runner's imports would remove it. The callback's "
+        "module's payload (built on the controller) in a forked child that reuses the runner's imports, and "
+        "releases. A second interpreter importing ansible.module_utils.basic again cost 2.3x (local) and 1.9x "
+        "(ssh); forking brought it to about 1.4x. What remains: resolving and building the wrapped module's "
+        "payload on the controller, the larger module (the engine plus the payload) to build once per run and "
+        "send per task, and importing the engine on the host. The callback's "
         "end-to-end difference is measured, but on a shared machine it drowns in the run-to-run spread; its own "
         "cost, timed in-process, is what it adds: loading the plugin and compiling the engine copy once "
         "(the collection loader keeps no .pyc), then a kernel lock taken and released per host per play.",

@@ -18,8 +18,8 @@ description:
     (C(hostlock run NAME ...) in cron or a shell) that use the same lock name wait meanwhile.
   - The controller builds the wrapped module exactly as Ansible would run it (its arguments, the play's
     C(module_defaults), the task's C(environment), C(become), check mode, C(--diff), C(no_log)) and sends
-    it along; the C(locked) process on the host takes the lock, runs it with the host's interpreter as
-    its child, and releases the lock once the child has ended.
+    it along; the C(locked) process on the host takes the lock, runs it as its child (forked, reusing
+    the Python modules already loaded), and releases the lock once the child has ended.
   - The lock lives exactly as long as the wrapped work. A Ctrl-C'd, SIGTERMed or SIGKILLed
     C(ansible-playbook), or a dropped SSH connection, leaves the lock held until the wrapped module
     ends, and no longer; signals sent to the C(locked) process on the host are forwarded to the module
