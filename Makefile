@@ -23,7 +23,7 @@ export PATH := $(abspath $(VENV_BIN)):$(PATH)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 # The stamp is keyed on what the venv is built from: editing a pin or lib/pyproject.toml reinstalls.
-VENV_HASH  := $(shell cat requirements/dev.txt lib/pyproject.toml tools/make_venv.sh 2>/dev/null | sha256sum | cut -c1-16)
+VENV_HASH  := $(shell cat requirements/dev.txt lib/pyproject.toml lib/setup.py tools/make_venv.sh 2>/dev/null | sha256sum | cut -c1-16)
 VENV_STAMP := $(VENV)/.stamp-$(VENV_HASH)
 
 PYTEST_ARGS ?=
