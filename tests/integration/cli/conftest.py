@@ -32,6 +32,19 @@ def launcher(tmp_path_factory):
     return make_launcher(tmp_path_factory.mktemp("bin"))
 
 
+
+def default_signals():
+    """In a child about to exec: SIGINT/SIGQUIT back to their defaults.
+
+    A shell that starts a command in the background without job control (CI runners, `make ... &`) makes it
+    ignore SIGINT and SIGQUIT, and a shell started with a signal ignored cannot trap it: the forwarding tests
+    would test the environment, not hostlock.
+    """
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
 class CLI:
     """Runs the installed command with HOSTLOCK_DIR pointing at this test's own lock directory."""
 
@@ -55,6 +68,7 @@ class CLI:
         """Start in the background (its own session, like a daemon or a cron job: no terminal)."""
         kw.setdefault("stdout", subprocess.PIPE)
         kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("preexec_fn", default_signals)
         p = subprocess.Popen(self.argv(*args), text=True, env=env or self.env, start_new_session=True, **kw)
         self.procs.append(p)
         return p

@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import pid_alive, wait_file, wait_until
+from conftest import default_signals, pid_alive, wait_file, wait_until
 
 # ----------------------------------------------------------------------------------------- exit status
 
@@ -164,8 +164,10 @@ def test_sigterm_to_hostlock_reaches_the_job_and_hostlock_exits_with_its_status(
 @pytest.mark.parametrize("sig", ["HUP", "INT", "QUIT", "USR1", "USR2"])
 def test_other_signals_are_forwarded(cli, tmp_path, sig):
     mark = tmp_path / "got"
-    p = cli.start("run", "a", "-c", f"trap 'echo {sig} >> {mark}; exit 0' {sig}; sleep 30 & wait")
+    ready = tmp_path / "trapped"
+    p = cli.start("run", "a", "-c", f"trap 'echo {sig} >> {mark}; exit 0' {sig}; echo ok > {ready}; sleep 30 & wait")
     cli.wait_held("a")
+    wait_file(ready)  # the trap is set: a signal before it would end the shell, not test the forwarding
     os.kill(p.pid, getattr(signal, "SIG" + sig))
     assert p.wait(10) == 0
     assert mark.read_text() == f"{sig}\n"  # exactly once
@@ -282,6 +284,7 @@ def test_ctrl_c_in_a_terminal_reaches_the_job_once_and_hostlock_dies_of_sigint(c
     job = f"trap 'echo INT >> {log}; trap - INT; kill -INT $$' INT; touch {ready}; sleep 30 & wait"
     pid, master = pty.fork()
     if pid == 0:  # the child: a session leader whose controlling terminal is the pty
+        default_signals()
         os.execve(cli.launcher, cli.argv("run", "a", "-c", job), cli.env)
     try:
         wait_until(ready.exists, 10, "the job to start")
