@@ -32,7 +32,6 @@ def launcher(tmp_path_factory):
     return make_launcher(tmp_path_factory.mktemp("bin"))
 
 
-
 def default_signals():
     """In a child about to exec: SIGINT/SIGQUIT back to their defaults.
 
@@ -44,6 +43,7 @@ def default_signals():
 
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+
 
 class CLI:
     """Runs the installed command with HOSTLOCK_DIR pointing at this test's own lock directory."""
