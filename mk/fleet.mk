@@ -1,0 +1,21 @@
+# Fleet locks on etcd (lib/hostlock/_fleet.py, _etcd.py, _etcd_lock.py; docs/fleet.md).
+#
+#   make test-fleet    real etcd: one member and a 3-member cluster on 127.0.0.1, partitions by proxy
+#   make bench-fleet   benchmarks/fleet.py against etcdctl lock and a plain etcd txn loop (not in make test)
+#
+# The etcd binaries come from Debian (etcd-server, etcd-client); installed here when missing.
+
+.PHONY: etcd-deps test-fleet
+
+etcd-deps:
+	@if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then \
+	  echo "make: installing etcd-server and etcd-client (apt-get)"; \
+	  apt_get() { DEBIAN_FRONTEND=noninteractive apt-get -qq -o DPkg::Lock::Timeout=300 "$$@"; }; \
+	  apt_get install -y etcd-server etcd-client >/dev/null 2>&1 || { apt_get update && apt_get install -y etcd-server etcd-client >/dev/null; }; \
+	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
+	fi
+
+test-fleet: venv etcd-deps
+	$(PYTEST) -q $(XDIST) tests/integration/fleet $(PYTEST_ARGS)
+
+TEST_TARGETS += test-fleet
