@@ -11,11 +11,14 @@ from ._api import STATUS_SCHEMA, Lock, LockStatus, break_lock, holders, list_loc
 from ._directory import SYSTEM_DIRECTORY, default_directory
 from ._error import (
     CorruptLockFile,
+    FleetUnavailable,
     HostlockError,
     InvalidDuration,
+    InvalidFleetURL,
     InvalidName,
     LockDirectoryError,
     LockFileError,
+    LockLost,
     LockTimeout,
     MechanismError,
     TokenError,
@@ -27,24 +30,41 @@ __version__ = "0.1.0"
 
 
 def hold(name: str, lease: float, **options: object) -> str:
-    """Take `name` in a detached holder for `lease` seconds; see hostlock._lease.hold for the options.
+    """Take `name` for `lease` seconds beyond this process; returns the token for renew()/release().
 
+    On a host (hostlock._lease.hold): a detached holder process. With `fleet=URL` (and mode, slots, label,
+    timeout): an etcd lease of TTL `lease`, which outlives this process with no helper at all.
     The lease code (and socket) loads only when used: the command line's `run` never pays for it.
     """
+    fleet = options.pop("fleet", None)
+    if fleet:
+        from ._fleet import backend
+
+        return backend(fleet).hold(name, lease, **options)  # type: ignore[arg-type]
     from ._lease import hold as _hold
 
     return _hold(name, lease, **options)  # type: ignore[arg-type]
 
 
-def renew(name: str, token: str, lease: float | None = None, directory: str | None = None) -> float:
+def renew(name: str, token: str, lease: float | None = None, directory: str | None = None, *,
+          fleet: str | None = None) -> float:
     """Extend (or shorten) a lease to `lease` seconds from now; returns the new expiry (epoch)."""
+    if fleet:
+        from ._fleet import backend
+
+        return backend(fleet).renew(name, token, lease)
     from ._lease import renew as _renew
 
     return _renew(name, token, lease, directory)
 
 
-def release(name: str, token: str, directory: str | None = None) -> None:
+def release(name: str, token: str, directory: str | None = None, *, fleet: str | None = None) -> None:
     """End a lease: the lock is free when this returns."""
+    if fleet:
+        from ._fleet import backend
+
+        backend(fleet).release(name, token)
+        return
     from ._lease import release as _release
 
     _release(name, token, directory)
@@ -59,6 +79,10 @@ def prune_unused(older_than: float, directory: str | None = None, dry_run: bool 
 
 def token_id(token: str) -> str:
     """The public id of a lease token (what status shows); TokenError if it is malformed."""
+    if isinstance(token, str) and token.startswith("hostlock-etcd."):
+        from ._etcd_lock import token_id as _fleet_token_id
+
+        return _fleet_token_id(token)
     from ._lease import token_id as _token_id
 
     return _token_id(token)
@@ -69,13 +93,16 @@ __all__ = [
     "STATUS_SCHEMA",
     "SYSTEM_DIRECTORY",
     "CorruptLockFile",
+    "FleetUnavailable",
     "Holder",
     "HostlockError",
     "InvalidDuration",
+    "InvalidFleetURL",
     "InvalidName",
     "Lock",
     "LockDirectoryError",
     "LockFileError",
+    "LockLost",
     "LockStatus",
     "LockTimeout",
     "MechanismError",

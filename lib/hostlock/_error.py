@@ -57,3 +57,24 @@ class TokenError(HostlockError):
 
 class MechanismError(HostlockError):
     """The requested lock mechanism cannot work here, or disagrees with the directory's."""
+
+
+class InvalidFleetURL(HostlockError, ValueError):
+    """A fleet URL that does not parse (scheme, members, prefix, options): a usage error, exit 64."""
+
+
+class FleetUnavailable(HostlockError):
+    """The fleet's store could not be used in time: unreachable, no quorum, or authentication refused.
+
+    The message names the endpoints tried; `endpoints` holds them ("host:port,..."). Nothing half-taken is
+    left behind: a waiter's key is deleted, or expires with its lease.
+    """
+
+    def __init__(self, message: str, *, endpoints: str = "", **kw: object) -> None:
+        super().__init__(message, **kw)  # type: ignore[arg-type]
+        self.endpoints = endpoints
+
+
+class LockLost(HostlockError):
+    """A fleet lock this process held is gone (its lease expired or was revoked, or its key was deleted):
+    whatever it protected may already be done by someone else. Stop acting on it."""

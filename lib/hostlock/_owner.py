@@ -272,7 +272,8 @@ class Holder:
 
     __slots__ = ("pid", "start_time", "boot_id", "hostname", "pid_namespace", "uid", "user", "cmdline", "mode",
                  "slot", "acquired_at", "lease_expires", "label", "job_pid", "job_cmdline", "alive", "stale",
-                 "token_id", "verified", "forged", "record_ok", "file_uid", "problem", "_file", "_start")
+                 "token_id", "verified", "forged", "record_ok", "file_uid", "problem", "fence", "lease_id", "_file",
+                 "_start")
 
     def __init__(self, fields: dict | None, mode: str | None = None, slot: int | None = None,
                  file: tuple | None = None) -> None:
@@ -298,6 +299,8 @@ class Holder:
         self.job_pid = _int(f, "jpid")
         self.job_cmdline = f.get("jcmd") or None
         self.token_id = f.get("tid") or None
+        self.fence: int | None = None  # fleet locks: the holder's key's create_revision (its fencing token)
+        self.lease_id: str | None = None  # fleet locks: the etcd lease (hex) its key was made with
         self._file = file
         self.file_uid = file[2] if file is not None and len(file) > 2 else None
         self.alive: bool | None = None
@@ -356,8 +359,12 @@ class Holder:
     def describe(self) -> str:
         """Short human form for error messages: 'pid 123 (user root: rsync -a ...)'."""
         if not self.record_ok:
+            if self.lease_id is not None:
+                return "etcdctl lock, lease %s (no owner record)" % self.lease_id
             return "an unknown holder (no readable owner record)"
         who = "pid %s" % self.pid
+        if self.fence is not None and self.hostname:
+            who += " on %s" % self.hostname  # a fleet lock: the pid means something on that host only
         if self.job_pid:
             who += " running job pid %s" % self.job_pid
         cmd = self.job_cmdline or self.cmdline or ""
@@ -394,12 +401,14 @@ class Holder:
             "boot_id": self.boot_id,
             "start_time": self.start_time,
             "pid_namespace": self.pid_namespace,
+            "fence": self.fence,
         }
 
     def as_dict(self) -> dict:
         """to_json() plus the engine's extras (record_ok, file_uid, lease_expired): one shape, a superset."""
         d = self.to_json()
-        d.update(record_ok=self.record_ok, file_uid=self.file_uid, lease_expired=self.lease_expired)
+        d.update(record_ok=self.record_ok, file_uid=self.file_uid, lease_expired=self.lease_expired,
+                 lease_id=self.lease_id)
         return d
 
     def __repr__(self) -> str:

@@ -17,7 +17,7 @@ from _weakref import ref
 
 from . import _kernel
 from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file, read_marker
-from ._error import HostlockError, LockFileError, LockTimeout, MechanismError
+from ._error import HostlockError, LockFileError, LockLost, LockTimeout, MechanismError
 from ._lockers import KERNEL as _KERNEL
 from ._lockers import locker
 from ._names import check_duration, validate_name
@@ -25,7 +25,10 @@ from ._owner import Holder, _Self, build_record, parse_record, record_prefix
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from ._lockers import Held
+    from typing import Callable
+
+    from ._fleet import Backend
+    from ._lockers import AnyLocker, Held
     from ._record import RecordMechanism
 
 MODES = ("exclusive", "shared")
@@ -51,6 +54,13 @@ def _record_mechanism() -> RecordMechanism:
     return RecordMechanism()
 
 
+def _fleet_backend(fleet: str) -> Backend:
+    """The fleet backend for a URL (etcd), loaded only when a fleet is used: host locks never import it."""
+    from ._fleet import backend
+
+    return backend(fleet)
+
+
 def _track(lock: Lock) -> None:
     key = id(lock)
     _LIVE[key] = ref(lock, lambda _r: _LIVE.pop(key, None))
@@ -60,7 +70,8 @@ class Lock:
     """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory."""
 
     def __init__(self, name: str, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
-                 mechanism: str = "auto", label: str | None = None, fifo: bool = True) -> None:
+                 mechanism: str = "auto", label: str | None = None, fifo: bool = True, fleet: str | None = None,
+                 ttl: float = 10.0, on_lost: Callable[[], object] | None = None) -> None:
         self.name = validate_name(name)
         if mode not in MODES:
             raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
@@ -73,7 +84,6 @@ class Lock:
         self.mode = mode
         self.slots = slots
         self.fifo = bool(fifo)
-        self.directory = os.path.abspath(directory or default_directory())
         self._extra: dict = {"label": label} if label else {}
         self._prefix = b""
         self._prefix_pid = -1  # the cached record prefix belongs to this pid (changes after fork)
@@ -81,6 +91,21 @@ class Lock:
         self._thread: int | None = None
         self._count = 0
         self._held: Held | None = None
+        self._locker: AnyLocker
+        self.fleet = fleet or None
+        if self.fleet is not None:
+            if directory is not None or mechanism != "auto":
+                raise ValueError("a fleet lock lives in etcd: give fleet= without directory= or mechanism=")
+            # The one dispatch on `fleet`: the backend (etcd) supplies the locker; no lock directory is touched.
+            backend = _fleet_backend(self.fleet)
+            self._extra["slots"] = slots
+            self.mechanism = "etcd"
+            self.directory = backend.url.display()
+            self._locker = backend.locker(self.name, slots, ttl, on_lost)
+            self.path = self._locker.path
+            _track(self)
+            return
+        self.directory = os.path.abspath(directory or default_directory())
         dirfd, shared_dir = open_directory(self.directory)
         try:
             self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, _kernel.probe)
@@ -133,6 +158,25 @@ class Lock:
             self._locker.release(held)  # type: ignore[arg-type]
         finally:
             self._mutex.release()
+
+    @property
+    def fence(self) -> int | None:
+        """While a fleet lock is held: its fencing token (the key's create_revision, strictly increasing per
+        name); give it to downstream systems so they refuse a holder older than one they have seen."""
+        return getattr(self._held, "fence", None)
+
+    @property
+    def lost(self) -> bool:
+        """True once a held fleet lock is known lost (lease expired or revoked, key deleted); host locks: False."""
+        session = getattr(self._held, "session", None)
+        return bool(session is not None and session.lost)
+
+    def check(self) -> None:
+        """Raise LockLost if the held fleet lock was lost; call it before acting on what the lock protects."""
+        if self.lost:
+            session = getattr(self._held, "session", None)
+            raise LockLost("lost lock %r in %s: %s" % (self.name, self.path, getattr(session, "why", None)
+                                                        or "its lease ended"), path=self.path)
 
     def descriptors(self) -> list[int]:
         """Descriptors whose open file descriptions carry the held lock (empty when not held, and for the
@@ -213,7 +257,7 @@ class Lock:
 
     def _timeout(self, timeout: float | None) -> LockTimeout:
         try:
-            st = status(self.name, self.directory)
+            st = status(self.name, self.directory) if self.fleet is None else status(self.name, fleet=self.fleet)
             holders, waiters = st.holders, st.waiters
         except HostlockError:
             holders, waiters = [], 0
@@ -296,9 +340,11 @@ def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel:
     return h
 
 
-def status(name: str, directory: str | None = None) -> LockStatus:
+def status(name: str, directory: str | None = None, *, fleet: str | None = None) -> LockStatus:
     """Holders and waiters of one lock, read without taking it; never creates anything."""
     validate_name(name)
+    if fleet:
+        return _fleet_backend(fleet).status(name)  # type: ignore[return-value]
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
@@ -340,13 +386,15 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
     return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
 
 
-def holders(name: str, directory: str | None = None) -> list:
+def holders(name: str, directory: str | None = None, *, fleet: str | None = None) -> list:
     """The current holders of a lock (see Holder), for 'who holds it?'."""
-    return status(name, directory).holders
+    return status(name, directory, fleet=fleet).holders
 
 
-def list_locks(directory: str | None = None) -> list:
-    """Every lock in a directory that has a file, held or not, sorted by name."""
+def list_locks(directory: str | None = None, *, fleet: str | None = None) -> list:
+    """Every lock in a directory that has a file (in a fleet: that has a key), held or not, sorted by name."""
+    if fleet:
+        return _fleet_backend(fleet).list_locks()
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return []
@@ -372,7 +420,8 @@ def list_locks(directory: str | None = None) -> list:
         os.close(dirfd)
 
 
-def break_lock(name: str, directory: str | None = None, force: bool = False, wait: float = 5.0) -> list:
+def break_lock(name: str, directory: str | None = None, force: bool = False, wait: float = 5.0, *,
+               fleet: str | None = None) -> list:
     """Remove provably stale state (dead owners' files, ended leases); with force, end live holders too.
 
     Acts on kernel facts, never on a record alone: a record is removed only when its process is proven
@@ -382,11 +431,15 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
     acted upon. Only holders of this user, unless we are root: the kernel's kill() check agrees.
     Waits up to `wait` seconds for ended holders to exit. With force, a lock file with a corrupt header is
     removed if nobody has it locked. Returns the holders removed or ended; `status()` afterwards says
-    what the kernel still holds.
+    what the kernel still holds. With `fleet`, force revokes the holders' etcd leases (they learn it:
+    LockLost); without force nothing is done.
     """
     from ._owner import end_holders
 
     wait = check_duration(wait, "wait")
+    if fleet:
+        # In a fleet nothing is stale (etcd ends an expired lease itself): force revokes the holders' leases.
+        return _fleet_backend(fleet).break_lock(validate_name(name), force)
     st = status(name, directory)
     directory = st.directory
     acted = []

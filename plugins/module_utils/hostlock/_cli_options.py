@@ -190,7 +190,8 @@ def parse(args: list[str], cron: bool) -> Options:
             # flock(1)'s --timeout waits for the lock; ours used to limit the job's run time. Accepting
             # either meaning silently would change what a migrated script or an old cron line does.
             raise c.UsageError("%s is ambiguous: flock(1)'s --timeout waits for the lock (use -w/--wait "
-                               "%s); to limit the job's run time use --time-limit %s" % (opt, value, value),
+                               "%s); to limit the job's run time use --time-limit %s"
+                               % (opt, (value or "").translate(c._CONTROL), (value or "").translate(c._CONTROL)),
                                command)
         elif key == "timeout":
             o.timeout = c.duration_arg(value or "", opt)

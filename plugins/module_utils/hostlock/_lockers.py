@@ -19,9 +19,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Optional, Union
 
+    from ._etcd_lock import EtcdHeld, EtcdLocker
     from ._record import RecordHeld, RecordMechanism
 
-    Held = Union[_kernel.Held, RecordHeld]
+    Held = Union[_kernel.Held, RecordHeld, EtcdHeld]
+    AnyLocker = Union["KernelLocker", "RecordLocker", EtcdLocker]  # fleet lockers come from _fleet.backend()
     Builder = Callable[[Optional[int], Optional[int]], bytes]  # (slot, ticket) -> the owner record
 
 KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}

@@ -1,0 +1,648 @@
+"""Fleet locks on etcd: the lock recipes, the keep-alive thread, and the Backend the engine dispatches to.
+
+Key layout (etcd's own concurrency.Mutex, so `etcdctl lock PREFIX/NAME` and hostlock exclude each other):
+every holder or waiter of NAME is one key `<prefix><NAME>/<lease id hex>`, attached to one etcd lease per
+acquisition, its value the owner record (_owner.build_record, plus `slots`). Order is create_revision:
+
+- exclusive (and etcdctl's empty value): holds when no key of NAME has a lower create_revision;
+- shared: holds when no non-shared key has a lower create_revision (a waiting writer blocks later readers:
+  no writer starvation);
+- N slots: holds when fewer than N keys have a lower create_revision.
+
+A waiter watches the deletion of the key(s) ahead of it (never polls) and re-reads on each. Liveness is the
+lease: a keep-alive thread renews it every TTL/3 and declares the lock lost at the last successful keep-alive
+send + TTL (minus a margin), on CLOCK_BOOTTIME so a process stopped and resumed (or a suspended machine)
+counts the time it did not run; a keep-alive answer with TTL 0, or our key deleted or moved to another lease
+(a watch on it), is a loss too. The fence is the key's create_revision: strictly increasing per name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+
+from ._error import FleetUnavailable, HostlockError, LockLost, TokenError
+from ._etcd import NOT_FOUND, Client, EtcdError, WatchClosed, b64, monotonic, prefix_end, unb64
+from ._names import check_duration, validate_name
+from ._owner import Holder, build_record, parse_record, record_prefix
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable, Optional
+
+    from ._fleet import FleetURL
+
+    Builder = Callable[[Optional[int], Optional[int]], bytes]
+
+DEFAULT_TTL = 10.0
+TOKEN_PREFIX = "hostlock-etcd."
+_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def boottime() -> float:
+    """Seconds on CLOCK_BOOTTIME (counts suspend and the time a stopped process did not run), else monotonic."""
+    if _CLOCK is not None:
+        return time.clock_gettime(_CLOCK)
+    return time.monotonic()  # pragma: no cover - non-Linux
+
+
+def _margin(ttl: float) -> float:
+    """Declare the lease lost this long before etcd could: scheduling delays, clock-rate differences."""
+    return min(1.0, ttl * 0.1)
+
+
+class Entry:
+    """One key of a lock: a holder or a waiter."""
+
+    __slots__ = ("key", "rev", "lease", "fields", "mode", "slots", "value")
+
+    def __init__(self, kv: dict) -> None:
+        self.key = unb64(kv.get("key"))
+        self.rev = int(kv.get("create_revision") or 0)
+        self.lease = int(kv.get("lease") or 0)
+        self.value = unb64(kv.get("value"))
+        self.fields = parse_record(self.value) if self.value else None
+        f = self.fields or {}
+        self.mode = "shared" if f.get("mode") == "shared" else "exclusive"
+        try:
+            self.slots = max(1, min(int(f.get("slots") or 1), 1 << 20))
+        except ValueError:
+            self.slots = 1
+
+    @property
+    def lease_hex(self) -> str:
+        return self.key.rsplit(b"/", 1)[-1].decode("ascii", "replace")
+
+
+def blockers(entries: list, i: int) -> list:
+    """The entries that keep entries[i] from holding (empty: it holds). `entries` sorted by create_revision."""
+    me, before = entries[i], entries[:i]
+    if me.mode == "shared":
+        return [e for e in before if e.mode != "shared" or e.slots > 1]
+    if me.slots > 1:
+        return before if len(before) >= me.slots else []
+    return before
+
+
+def _entries(kvs: list | None) -> list:
+    out = [Entry(kv) for kv in kvs or []]
+    out.sort(key=lambda e: e.rev)
+    return out
+
+
+class EtcdHeld:
+    """One acquisition: our key, our lease, our fence, and the thread keeping the lease alive."""
+
+    __slots__ = ("key", "lease", "fence", "session", "slot", "ticket")
+
+    def __init__(self, key: bytes, lease: int, fence: int, session: Session) -> None:
+        self.key, self.lease, self.fence, self.session = key, lease, fence, session
+        self.slot: int | None = None
+        self.ticket: int | None = None
+
+
+class Session:
+    """The keep-alive thread of one lease; loss is known by the clock even before the thread runs."""
+
+    def __init__(self, client: Client, lease: int, ttl: float, sent: float,
+                 on_lost: Callable[[], object] | None) -> None:
+        self.client, self.lease, self.ttl = client, lease, ttl
+        self.ok_at = sent  # boottime when the last successful grant/keep-alive was SENT
+        self.on_lost = on_lost
+        self.why: str | None = None
+        self.unavailable = False
+        self.key: bytes | None = None
+        self.key_rev = 0
+        self._mutex = threading.Lock()
+        self._stopped = False
+        self._lost = False
+        self._stop_r, self._stop_w = os.pipe()
+        self.lost_r, self._lost_w = os.pipe()  # readable once lost: wakes a waiter's watch
+        for fd in (self._stop_r, self._stop_w, self._lost_w):
+            os.set_blocking(fd, False)  # draining must never block; a full pipe is already "poked"
+        self.thread = threading.Thread(target=self._run, name="hostlock-etcd-keepalive %x" % lease, daemon=True)
+        self.thread.start()
+
+    @property
+    def expires(self) -> float:
+        """boottime at which we must consider the lease gone (etcd's own expiry is later than this)."""
+        return self.ok_at + self.ttl - _margin(self.ttl)
+
+    @property
+    def lost(self) -> bool:
+        if not self._lost and not self._stopped and boottime() >= self.expires:
+            self._lose("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl, unavailable=True)
+        return self._lost
+
+    def watch_key(self, key: bytes, rev: int) -> None:
+        """Also watch our own key from revision `rev`: deleted or moved to another lease means lost."""
+        self.key, self.key_rev = key, rev
+        self._poke()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+
+    def _lose(self, why: str, unavailable: bool = False) -> None:
+        with self._mutex:
+            if self._lost or self._stopped:
+                return
+            self._lost, self.why, self.unavailable = True, why, unavailable
+            try:
+                os.write(self._lost_w, b"x")
+            except OSError:
+                pass
+        if self.on_lost is not None:
+            try:
+                self.on_lost()
+            except Exception:  # noqa: BLE001 - a callback's bug must not kill the keep-alive thread silently
+                import traceback
+
+                traceback.print_exc()
+
+    def stop(self) -> None:
+        """No keep-alive after this and no on_lost call; the caller revokes (or moves) the lease."""
+        with self._mutex:
+            self._stopped = True
+        self._poke()
+        if self.thread is not threading.current_thread():
+            self.thread.join(5.0)
+        for fd in (self._stop_r, self._stop_w, self.lost_r, self._lost_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def forget(self) -> None:
+        """In a forked child: the thread is not there; never renew or revoke the parent's lease."""
+        self._stopped = True
+        for fd in (self._stop_r, self._stop_w, self.lost_r, self._lost_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _drain(self) -> None:
+        try:
+            os.read(self._stop_r, 512)
+        except OSError:  # EAGAIN: nothing to drain
+            pass
+
+    def _run(self) -> None:
+        interval = max(0.1, self.ttl / 3.0)
+        next_ka = self.ok_at + interval
+        watch = None
+        watching: bytes | None = None
+        try:
+            while not self._stopped:
+                now = boottime()
+                if now >= self.expires:
+                    self._lose("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl,
+                               unavailable=True)
+                    return
+                if now >= next_ka:
+                    next_ka = self._keepalive(interval)
+                    if self._lost:
+                        return
+                    continue
+                if self.key is not None and watching != self.key:
+                    if watch is not None:
+                        watch.close()
+                    watch, watching = self._open_watch(next_ka)
+                    if watch is None:
+                        continue
+                if watch is None:
+                    import select
+
+                    select.select([self._stop_r], [], [], max(0.0, next_ka - boottime()))
+                    self._drain()
+                    continue
+                try:
+                    evs = watch.events(monotonic() + max(0.0, next_ka - boottime()))
+                except (WatchClosed, OSError):
+                    self.key_rev = max(self.key_rev, watch.revision + 1)
+                    watch.close()
+                    watch, watching = None, None
+                    continue
+                self._drain()
+                for kind, key, kv in evs or ():
+                    self.key_rev = max(self.key_rev, int(kv.get("mod_revision") or 0) + 1)
+                    if key != self.key:
+                        continue
+                    if kind == "DELETE":
+                        self._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode(
+                            "utf-8", "replace"))
+                        return
+                    if int(kv.get("lease") or 0) != self.lease:
+                        self._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
+                        return
+        finally:
+            if watch is not None:
+                watch.close()
+
+    def _keepalive(self, interval: float) -> float:
+        """One keep-alive; returns when the next one is due."""
+        sent = boottime()
+        try:
+            reply = self.client.call("lease/keepalive", {"ID": str(self.lease)},
+                                     monotonic() + max(0.0, self.expires - sent), min_try=0.0)
+        except (FleetUnavailable, EtcdError):
+            return boottime() + min(interval, 0.25)  # retry soon: the loss deadline runs on
+        result = reply.get("result") or {}
+        try:
+            ttl = int(result.get("TTL") or 0)
+        except ValueError:
+            ttl = 0
+        if ttl <= 0:
+            self._lose("etcd says our lease %x is gone (expired or revoked)" % self.lease)
+            return sent
+        with self._mutex:
+            self.ok_at = max(self.ok_at, sent)
+        return sent + interval
+
+    def _open_watch(self, next_ka: float) -> tuple:
+        key = self.key
+        assert key is not None
+        try:
+            w = self.client.watch(key, None, self.key_rev, monotonic() + max(0.05, next_ka - boottime()),
+                                  filters=(), wake=(self._stop_r,))
+        except (FleetUnavailable, EtcdError, OSError):
+            return None, None
+        return w, key
+
+
+class EtcdLocker:
+    """The locker (see _lockers) of one fleet lock name: acquire/release/records through etcd."""
+
+    def __init__(self, backend: EtcdBackend, name: str, slots: int, ttl: float,
+                 on_lost: Callable[[], object] | None) -> None:
+        self.backend, self.client = backend, backend.client
+        self.name, self.slots = name, slots
+        self.ttl = check_duration(ttl, "ttl", positive=True)
+        self.on_lost = on_lost
+        self.prefix = backend.name_prefix(name)
+        self.path = backend.url.display(name)
+
+    def _net_deadline(self, deadline: float | None) -> float:
+        # Without a caller's deadline, etcd unreachable for a whole TTL ends the wait: our lease is gone by then.
+        return deadline if deadline is not None else monotonic() + self.ttl
+
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> EtcdHeld | None:
+        """Held (our key first in line for our mode, our record its value), or None once the deadline passed.
+
+        A waiter that gives up or fails revokes its lease first (its key goes with it); if etcd cannot be
+        reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
+        """
+        c = self.client
+        sent = boottime()
+        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline))
+        lease = int(grant["ID"])
+        session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent, self.on_lost)
+        key = self.prefix + b"%x" % lease
+        ok = False
+        try:
+            held = self._queue(mode, deadline, record, key, lease, session)
+            ok = held is not None
+            return held
+        finally:
+            if not ok:
+                session.stop()
+                self._revoke(lease)
+
+    def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
+               session: Session) -> EtcdHeld | None:
+        c = self.client
+        rng = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "sort_target": "CREATE",
+               "sort_order": "ASCEND"}
+        # One round trip: create our key if it is not there yet and read the queue. Retried after a lost
+        # answer, the compare fails (our key exists: the first try created it) and the range still answers.
+        reply = c.call("kv/txn", {
+            "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(record(None, None)), "lease": str(lease)}},
+                        {"request_range": rng}],
+            "failure": [{"request_range": rng}]}, self._net_deadline(deadline))
+        while True:
+            rev = int((reply.get("header") or {}).get("revision") or 0)
+            responses = reply.get("responses") or [{}]
+            kvs = (responses[-1].get("response_range") or {}).get("kvs") if "responses" in reply else reply.get("kvs")
+            entries = _entries(kvs)
+            idx = next((k for k, e in enumerate(entries) if e.key == key), None)
+            if idx is None:
+                raise self._gone(session, "our place in the queue of %s vanished while waiting" % self.path)
+            me = entries[idx]
+            if session.key is None:
+                session.watch_key(key, me.rev + 1)
+            ahead = blockers(entries, idx)
+            if not ahead:
+                if session.lost:
+                    raise self._gone(session, "lost %s while taking it" % self.path)
+                return EtcdHeld(key, lease, me.rev, session)
+            if deadline is not None and monotonic() >= deadline:
+                return None
+            self._wait(ahead, me, rev, deadline, session)
+            reply = c.call("kv/range", rng, self._net_deadline(deadline))
+
+    def _wait(self, ahead: list, me: Entry, rev: int, deadline: float | None, session: Session) -> None:
+        """Until one of the keys ahead is deleted (a watch from `rev`+1), the deadline, or our lease is lost."""
+        if me.slots > 1 and me.mode != "shared":
+            # Any key ahead leaving frees a slot: watch the name's range, act on deletions of those keys.
+            target, end = self.prefix, prefix_end(self.prefix)
+        else:
+            target, end = ahead[-1].key, None  # the last one ahead, as etcd's Mutex (waitDeletes)
+        interesting = {e.key for e in ahead}
+        start = rev + 1
+        while True:
+            w = self.client.watch(target, end, start, self._net_deadline(deadline), wake=(session.lost_r,))
+            try:
+                while True:
+                    if session.lost:
+                        raise self._gone(session, "lost our place in the queue of %s" % self.path)
+                    try:
+                        evs = w.events(deadline if deadline is not None else monotonic() + 3600.0)
+                    except (WatchClosed, OSError):
+                        start = max(start, w.revision + 1)
+                        break  # reopen, maybe on another member, from where we were
+                    if evs is None:
+                        if deadline is not None and monotonic() >= deadline:
+                            return
+                        continue
+                    if any(kind == "DELETE" and key in interesting for kind, key, _kv in evs):
+                        return
+                    start = max(start, w.revision + 1)
+            finally:
+                w.close()
+            if deadline is not None and monotonic() >= deadline:
+                return
+
+    def _gone(self, session: Session, what: str) -> HostlockError:
+        why = session.why or "our key was deleted"
+        if session.unavailable:
+            return FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members)
+        return LockLost("%s: %s" % (what, why))
+
+    def _revoke(self, lease: int) -> None:
+        try:
+            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic())
+        except EtcdError:
+            pass  # already gone
+        except FleetUnavailable:
+            pass  # unreachable: the lease expires by itself within its TTL
+
+    def release(self, held: EtcdHeld) -> None:
+        """Our key is deleted (lease revoked) when this returns; if etcd cannot be reached, it expires within
+        the TTL. Never raises for a lock already lost."""
+        held.session.stop()
+        self._revoke(held.lease)
+
+    def write_record(self, held: EtcdHeld, data: bytes) -> None:
+        """Replace our record, only while the key is still ours (same create_revision)."""
+        reply = self.client.call("kv/txn", {
+            "compare": [{"key": b64(held.key), "target": "CREATE", "create_revision": str(held.fence)}],
+            "success": [{"request_put": {"key": b64(held.key), "value": b64(data), "lease": str(held.lease)}}]},
+            monotonic() + self.ttl)
+        if not reply.get("succeeded"):
+            raise LockLost("lost %s: our key is gone" % self.path)
+
+    def read_record(self, held: EtcdHeld) -> bytes:
+        reply = self.client.call("kv/range", {"key": b64(held.key)}, monotonic() + self.ttl)
+        kvs = reply.get("kvs") or []
+        return unb64(kvs[0].get("value")) if kvs else b""
+
+    def descriptors(self, held: EtcdHeld) -> list:
+        """None: a fleet lock lives in etcd, not in an open file description."""
+        return []
+
+    def forget(self, held: EtcdHeld | None) -> None:
+        """In a forked child: never renew, release or revoke the parent's lease."""
+        if held is not None:
+            held.session.forget()
+        self.client = self.backend.forked()
+
+    def close(self) -> None:
+        pass
+
+
+class EtcdBackend:
+    """The fleet Backend on etcd (see _fleet.Backend): one client (its connections) per fleet URL."""
+
+    def __init__(self, url: FleetURL) -> None:
+        self.url = url
+        self.client = Client(url)
+
+    def forked(self) -> Client:
+        self.client.forget()
+        return self.client
+
+    def name_prefix(self, name: str) -> bytes:
+        return (self.url.prefix + name + "/").encode("utf-8")
+
+    def locker(self, name: str, slots: int, ttl: float, on_lost: Callable[[], object] | None) -> EtcdLocker:
+        return EtcdLocker(self, name, slots, ttl, on_lost)
+
+    # -- inspecting ---------------------------------------------------------------------------------------
+    def _range(self, prefix: bytes) -> list:
+        reply = self.client.call("kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                                              "sort_target": "CREATE", "sort_order": "ASCEND"},
+                                 monotonic() + DEFAULT_TTL)
+        return reply.get("kvs") or []
+
+    def _status(self, name: str, entries: list) -> object:
+        from ._api import LockStatus
+
+        holders = []
+        waiters = 0
+        for i, e in enumerate(entries):
+            if blockers(entries, i):
+                waiters += 1
+            else:
+                holders.append(_holder(e))
+        slots = max([e.slots for e in entries] or [1])
+        return LockStatus(name, self.url.display(), self.url.display(name), "etcd", slots, holders, waiters)
+
+    def status(self, name: str) -> object:
+        validate_name(name)
+        return self._status(name, _entries(self._range(self.name_prefix(name))))
+
+    def list_locks(self) -> list:
+        prefix = self.url.prefix.encode("utf-8")
+        names: dict = {}
+        for kv in self._range(prefix):
+            e = Entry(kv)
+            name, sep, _hex = e.key[len(prefix):].rpartition(b"/")
+            if not sep:
+                continue
+            try:
+                text = validate_name(name.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, HostlockError):
+                continue  # a key of another program under our prefix must not hide every lock
+            names.setdefault(text, []).append(e)
+        return [self._status(n, sorted(names[n], key=lambda e: e.rev)) for n in sorted(names)]
+
+    def break_lock(self, name: str, force: bool) -> list:
+        """With force, revoke every holder's lease (its key goes; its process learns it lost the lock).
+        Without force: nothing in etcd is stale (an expired lease is already gone), so nothing to do."""
+        validate_name(name)
+        if not force:
+            return []
+        entries = _entries(self._range(self.name_prefix(name)))
+        acted = []
+        for i, e in enumerate(entries):
+            if blockers(entries, i):
+                continue
+            try:
+                self.client.call("lease/revoke", {"ID": str(e.lease)}, monotonic() + DEFAULT_TTL)
+            except EtcdError as exc:
+                if exc.code != NOT_FOUND:
+                    raise
+                continue
+            acted.append(_holder(e))
+        return acted
+
+    # -- leases -------------------------------------------------------------------------------------------
+    def hold(self, name: str, lease: float, mode: str = "exclusive", slots: int = 1, label: str | None = None,
+             timeout: float | None = None) -> str:
+        """Take `name` for `lease` seconds on an etcd lease that outlives this process; returns the token.
+
+        The wait runs on a short kept-alive lease (a waiter that dies leaves nothing for long); once held,
+        the key moves onto a lease of TTL `lease`, and no process keeps it alive.
+        """
+        from ._api import MODES
+        from ._error import LockTimeout
+
+        validate_name(name)
+        lease = check_duration(lease, "lease", positive=True)
+        if timeout is not None:
+            timeout = check_duration(timeout, "timeout")
+        if mode not in MODES:
+            raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
+        extra = {"slots": slots}
+        if label:
+            extra["label"] = label  # type: ignore[assignment]
+        pre = record_prefix(mode, extra)
+        locker = self.locker(name, slots, DEFAULT_TTL, None)
+        deadline = None if timeout is None else monotonic() + timeout
+        held = locker.acquire(mode, True, deadline, lambda s, t: build_record(pre, s, t))
+        if held is None:
+            st = self.status(name)
+            who = "; ".join(h.describe() for h in st.holders) or "another holder"  # type: ignore[attr-defined]
+            raise LockTimeout("lock %r in %s is held by %s; gave up after %ss" % (name, self.url.display(), who,
+                                                                                  timeout),
+                              holders=st.holders, waiters=st.waiters, path=locker.path)  # type: ignore[attr-defined]
+        hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
+        try:
+            self._move(held.key, held.fence, held.lease, lease, pre, hexid)
+        except BaseException:
+            locker.release(held)
+            raise
+        held.session.stop()  # the old lease has no key now; revoked below, not kept alive
+        locker._revoke(held.lease)
+        return "%s%s.%d" % (TOKEN_PREFIX, hexid, held.fence)
+
+    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str) -> float:
+        """Put our key on a new lease of `seconds` (keeping its create_revision, hence the fence and its place);
+        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours."""
+        c = self.client
+        deadline = monotonic() + DEFAULT_TTL
+        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(seconds)))}, deadline)
+        new = int(grant["ID"])
+        expires = time.time() + float(grant.get("TTL") or seconds)
+        value = self._value_with_lease(key, pre, hexid, expires, deadline)
+        reply = c.call("kv/txn", {
+            "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)},
+                        {"key": b64(key), "target": "LEASE", "lease": str(old)}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": str(new)}}]}, deadline)
+        if not reply.get("succeeded"):
+            try:
+                c.call("lease/revoke", {"ID": str(new)}, deadline)
+            except (EtcdError, FleetUnavailable):
+                pass
+            raise TokenError("no lease etcd-%s on %s: it expired or was released" % (hexid, self.url.display()),
+                             reason="gone")
+        return expires
+
+    def _value_with_lease(self, key: bytes, pre: bytes | None, hexid: str, expires: float, deadline: float) -> bytes:
+        if pre is None:  # renew: keep the record, update its lease expiry
+            kvs = self.client.call("kv/range", {"key": b64(key)}, deadline).get("kvs") or []
+            old = unb64(kvs[0].get("value")) if kvs else b""
+            fields = parse_record(old)
+            if fields is None:
+                return old
+            line = old.split(b"\n", 1)[0]
+            parts = [p for p in line.split(b"|") if not p.startswith((b"lease=", b"tid="))]
+            return b"|".join(parts) + b"|tid=etcd-%s|lease=%.3f\n" % (hexid.encode(), expires)
+        return build_record(pre, None)[:-1] + b"|tid=etcd-%s|lease=%.3f\n" % (hexid.encode(), expires)
+
+    def _token_key(self, name: str, token: str) -> tuple:
+        validate_name(name)
+        hexid, rev = split_token(token)
+        key = self.name_prefix(name) + hexid.encode()
+        kvs = self.client.call("kv/range", {"key": b64(key)}, monotonic() + DEFAULT_TTL).get("kvs") or []
+        if not kvs or int(kvs[0].get("create_revision") or 0) != rev:
+            raise TokenError("no lease etcd-%s on lock %r in %s: it expired, was released or broken"
+                             % (hexid, name, self.url.display()), reason="gone")
+        return key, rev, int(kvs[0].get("lease") or 0), hexid
+
+    def renew(self, name: str, token: str, lease: float | None = None) -> float:
+        """Extend a lease: to `lease` seconds from now on a new etcd lease (the key moves, keeping its place
+        and fence), or by its own TTL again (a keep-alive) when `lease` is None. Returns the new expiry."""
+        if lease is not None:
+            lease = check_duration(lease, "lease", positive=True)
+        key, rev, old, hexid = self._token_key(name, token)
+        if lease is None:
+            reply = self.client.call("lease/keepalive", {"ID": str(old)}, monotonic() + DEFAULT_TTL)
+            ttl = int((reply.get("result") or {}).get("TTL") or 0)
+            if ttl <= 0:
+                raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone")
+            expires = time.time() + ttl
+            value = self._value_with_lease(key, None, hexid, expires, monotonic() + DEFAULT_TTL)
+            self.client.call("kv/txn", {
+                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(rev)}],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value), "ignore_lease": True}}]},
+                monotonic() + DEFAULT_TTL)
+            return expires
+        expires = self._move(key, rev, old, lease, None, hexid)
+        try:
+            self.client.call("lease/revoke", {"ID": str(old)}, monotonic() + DEFAULT_TTL)
+        except EtcdError:
+            pass
+        return expires
+
+    def release(self, name: str, token: str) -> None:
+        """End a lease: the key is deleted (its lease revoked) when this returns."""
+        _key, _rev, lease, hexid = self._token_key(name, token)
+        try:
+            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic() + DEFAULT_TTL)
+        except EtcdError as e:
+            if e.code != NOT_FOUND:
+                raise
+            raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone") from None
+
+
+def split_token(token: object) -> tuple:
+    """(lease id hex, create revision) of a fleet lease token; TokenError "malformed" otherwise."""
+    if isinstance(token, str) and token.startswith(TOKEN_PREFIX):
+        hexid, sep, rev = token[len(TOKEN_PREFIX):].strip().partition(".")
+        if sep and 0 < len(hexid) <= 16 and all(c in "0123456789abcdef" for c in hexid) and rev.isdigit() \
+                and rev.isascii() and len(rev) < 20:
+            return hexid, int(rev)
+    shown = token if not isinstance(token, str) or len(token) < 80 else token[:80] + "..."
+    raise TokenError("malformed fleet lease token %r: expected %s<lease hex>.<revision>, as printed by hold"
+                     % (shown, TOKEN_PREFIX), reason="malformed")
+
+
+def token_id(token: str) -> str:
+    """The public id of a fleet lease token, as status shows it: etcd-<lease id hex>."""
+    return "etcd-" + split_token(token)[0]
+
+
+def _holder(e: Entry) -> Holder:
+    h = Holder(e.fields, e.mode, None)
+    h.fence = e.rev
+    h.lease_id = e.lease_hex
+    if e.fields is None:
+        h.mode = "exclusive"
+    return h

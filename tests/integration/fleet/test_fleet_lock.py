@@ -1,0 +1,344 @@
+"""The fleet lock API on a real etcd (hostlock.Lock(fleet=...), status/holders/list/break, hold/renew/release).
+
+Every wait here is on an event: a thread's Event, a child's line on a pipe, a condition read back from etcd.
+No test asserts a duration. Stress, faults and benchmarks live in the fleet-proof suites.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import fleet_etcd
+import pytest
+
+import hostlock
+
+WAIT = 60.0  # bounds a hang only; never what a test waits for
+
+
+def until(cond, what: str, within: float = WAIT):
+    """Wait for an observable condition (read back from etcd or a thread), failing after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.02)
+
+
+def keys(etcd, prefix: str = "hostlock/") -> list:
+    r = etcd.etcdctl("get", "--prefix", prefix, "--keys-only")
+    assert r.returncode == 0, r.stderr
+    return [k for k in r.stdout.split("\n") if k]
+
+
+class Waiter(threading.Thread):
+    """A thread that takes `lock` and sets `held`; releases when `go` is set."""
+
+    def __init__(self, lock, order: list | None = None, timeout: float | None = WAIT) -> None:
+        super().__init__(daemon=True)
+        self.lock, self.order, self.timeout = lock, order, timeout
+        self.held, self.go, self.error = threading.Event(), threading.Event(), None
+
+    def run(self) -> None:
+        try:
+            self.lock.acquire(timeout=self.timeout)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            self.error = e
+            self.held.set()
+            return
+        if self.order is not None:
+            self.order.append(self)
+        self.held.set()
+        self.go.wait(WAIT)
+        self.lock.release()
+
+
+def test_exclusive_excludes_and_the_fence_strictly_increases(etcd):
+    a = hostlock.Lock("db", fleet=etcd.url)
+    b = hostlock.Lock("db", fleet=etcd.url)
+    a.acquire()
+    assert a.locked and a.mechanism == "etcd" and a.path == etcd.url + "/hostlock/db/"
+    with pytest.raises(hostlock.LockTimeout) as e:
+        b.acquire(timeout=0)
+    # The message names the holder with its host and pid.
+    assert "pid %d on %s" % (os.getpid(), os.uname().nodename) in str(e.value)
+    first = a.fence
+    a.release()
+    assert a.fence is None
+    b.acquire(timeout=0)
+    assert b.fence > first
+    second = b.fence
+    b.release()
+    with a:
+        assert a.fence > second
+    assert keys(etcd) == []
+
+
+def test_timeout_leaves_no_key_behind(etcd):
+    holder = hostlock.Lock("db", fleet=etcd.url)
+    holder.acquire()
+    mine = keys(etcd)
+    assert len(mine) == 1
+    waiter = hostlock.Lock("db", fleet=etcd.url)
+    with pytest.raises(hostlock.LockTimeout) as e:
+        waiter.acquire(timeout=0.5)
+    assert [h.pid for h in e.value.holders] == [os.getpid()]
+    assert keys(etcd) == mine  # the waiter revoked its lease before raising: its key is gone
+    holder.release()
+    assert keys(etcd) == []
+
+
+def test_waiters_are_served_in_arrival_order(etcd):
+    holder = hostlock.Lock("q", fleet=etcd.url)
+    holder.acquire()
+    order: list = []
+    waiters = []
+    for n in range(3):
+        w = Waiter(hostlock.Lock("q", fleet=etcd.url), order)
+        w.start()
+        # The next one arrives only once this one is queued (its key exists): arrival order is known.
+        until(lambda n=n: hostlock.status("q", fleet=etcd.url).waiters == n + 1, "waiter %d queued" % n)
+        waiters.append(w)
+    holder.release()
+    for w in waiters:
+        assert w.held.wait(WAIT) and w.error is None
+        assert order[-1] is w
+        fence = w.lock.fence
+        w.go.set()
+        w.join(WAIT)
+        assert fence > holder.fence if holder.fence else True
+    assert order == waiters
+    assert keys(etcd) == []
+
+
+def test_shared_holders_share_and_a_waiting_writer_blocks_later_readers(etcd):
+    r1 = hostlock.Lock("cfg", mode="shared", fleet=etcd.url)
+    r2 = hostlock.Lock("cfg", mode="shared", fleet=etcd.url)
+    r1.acquire(timeout=0)
+    r2.acquire(timeout=0)  # readers share
+    st = hostlock.status("cfg", fleet=etcd.url)
+    assert len(st.holders) == 2 and {h.mode for h in st.holders} == {"shared"}
+    r2.release()
+    writer = Waiter(hostlock.Lock("cfg", fleet=etcd.url))
+    writer.start()
+    until(lambda: hostlock.status("cfg", fleet=etcd.url).waiters == 1, "the writer queued")
+    late = hostlock.Lock("cfg", mode="shared", fleet=etcd.url)
+    with pytest.raises(hostlock.LockTimeout):
+        late.acquire(timeout=0)  # no writer starvation: a reader arriving after a waiting writer waits
+    r1.release()
+    assert writer.held.wait(WAIT) and writer.error is None
+    reader = Waiter(hostlock.Lock("cfg", mode="shared", fleet=etcd.url))
+    reader.start()
+    until(lambda: hostlock.status("cfg", fleet=etcd.url).waiters == 1, "the reader queued")
+    assert not reader.held.is_set()
+    writer.go.set()
+    assert reader.held.wait(WAIT) and reader.error is None
+    reader.go.set()
+    reader.join(WAIT)
+    writer.join(WAIT)
+
+
+def test_slots_admit_n_holders(etcd):
+    locks = [hostlock.Lock("restart", slots=2, fleet=etcd.url) for _ in range(3)]
+    locks[0].acquire(timeout=0)
+    locks[1].acquire(timeout=0)
+    third = Waiter(locks[2])
+    third.start()
+    until(lambda: hostlock.status("restart", fleet=etcd.url).waiters == 1, "the third queued")
+    st = hostlock.status("restart", fleet=etcd.url)
+    assert st.slots == 2 and len(st.holders) == 2 and st.state == "held"
+    locks[1].release()  # the second holder leaves: the third takes its slot
+    assert third.held.wait(WAIT) and third.error is None
+    assert locks[0].locked
+    third.go.set()
+    third.join(WAIT)
+    locks[0].release()
+
+
+def test_the_lease_is_kept_alive_past_its_ttl(etcd):
+    lock = hostlock.Lock("long", fleet=etcd.url, ttl=5)
+    lock.acquire()
+    lease = keys(etcd)[0].rsplit("/", 1)[1]
+
+    def remaining() -> int:
+        out = etcd.etcdctl("lease", "timetolive", lease).stdout
+        return int(out.split("remaining(")[1].split("s")[0]) if "remaining(" in out else -1
+
+    # Two refreshes observed (etcd's remaining TTL, in whole seconds, went back up twice): renewals, not luck.
+    for _ in range(2):
+        low = until(lambda: (lambda r: r if 0 <= r <= 3 else None)(remaining()), "the TTL to run down", 30)
+        until(lambda low=low: remaining() > low, "a keep-alive", 30)
+    assert not lock.lost and len(keys(etcd)) == 1
+    lock.check()
+    lock.release()
+    assert keys(etcd) == []
+
+
+@pytest.mark.parametrize("how", ["delete-key", "revoke-lease", "break"])
+def test_the_holder_learns_it_lost_the_lock(etcd, how):
+    lost = threading.Event()
+    lock = hostlock.Lock("job", fleet=etcd.url, on_lost=lost.set)
+    lock.acquire()
+    key = keys(etcd)[0]
+    if how == "delete-key":
+        assert etcd.etcdctl("del", key).returncode == 0
+    elif how == "revoke-lease":
+        assert etcd.etcdctl("lease", "revoke", key.rsplit("/", 1)[1]).returncode == 0
+    else:
+        assert hostlock.break_lock("job", fleet=etcd.url) == []  # without force: nothing is stale in etcd
+        assert not lost.is_set()
+        ended = hostlock.break_lock("job", fleet=etcd.url, force=True)
+        assert [h.pid for h in ended] == [os.getpid()] and ended[0].fence == lock.fence
+    assert lost.wait(WAIT)
+    assert lock.lost
+    with pytest.raises(hostlock.LockLost):
+        lock.check()
+    lock.release()  # already gone: no error
+    assert not lock.locked
+    again = hostlock.Lock("job", fleet=etcd.url)
+    again.acquire(timeout=0)
+    again.release()
+
+
+def test_status_holders_and_list(etcd):
+    a = hostlock.Lock("alpha", fleet=etcd.url, label="deploy 42")
+    b = hostlock.Lock("beta", slots=3, fleet=etcd.url)
+    a.acquire()
+    b.acquire()
+    st = hostlock.status("alpha", fleet=etcd.url)
+    assert st.mechanism == "etcd" and st.path == etcd.url + "/hostlock/alpha/" and st.state == "held"
+    (h,) = hostlock.holders("alpha", fleet=etcd.url)
+    assert h.pid == os.getpid() and h.hostname == os.uname().nodename and h.label == "deploy 42"
+    assert h.fence == a.fence and h.to_json()["fence"] == a.fence
+    assert "on %s" % os.uname().nodename in h.describe()
+    listed = hostlock.list_locks(fleet=etcd.url)
+    assert [s.name for s in listed] == ["alpha", "beta"] and listed[1].slots == 3
+    # Another program's key under the prefix is skipped, not fatal.
+    assert etcd.etcdctl("put", "hostlock/not a name/1", "x").returncode == 0
+    assert [s.name for s in hostlock.list_locks(fleet=etcd.url)] == ["alpha", "beta"]
+    # A different prefix is a different namespace.
+    assert hostlock.list_locks(fleet=etcd.url + "/team-b") == []
+    a.release()
+    b.release()
+    assert hostlock.status("alpha", fleet=etcd.url).state == "free"
+
+
+def test_a_lease_outlives_the_process_that_took_it(etcd):
+    code = "import hostlock, sys; print(hostlock.hold('nightly', 120, fleet=sys.argv[1], label='cron'))"
+    r = subprocess.run([sys.executable, "-c", code, etcd.url], capture_output=True, text=True, timeout=WAIT)
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    assert token.startswith("hostlock-etcd.")
+    (h,) = hostlock.holders("nightly", fleet=etcd.url)  # its process has exited: the lease holds
+    assert h.token_id == hostlock.token_id(token) and h.label == "cron"
+    assert h.lease_expires is not None and h.lease_expires > time.time() + 60
+    with pytest.raises(hostlock.LockTimeout):
+        hostlock.Lock("nightly", fleet=etcd.url).acquire(timeout=0)
+    expires = hostlock.renew("nightly", token, 600, fleet=etcd.url)
+    assert expires > time.time() + 300
+    (h2,) = hostlock.holders("nightly", fleet=etcd.url)
+    assert h2.fence == h.fence  # moved to a new lease, same key, same place, same fence
+    assert h2.lease_expires == pytest.approx(expires, abs=1)
+    hostlock.renew("nightly", token, fleet=etcd.url)  # a keep-alive of the current lease
+    with pytest.raises(hostlock.TokenError) as e:
+        hostlock.release("nightly", token.rsplit(".", 1)[0] + ".1", fleet=etcd.url)
+    assert e.value.reason == "gone"
+    hostlock.release("nightly", token, fleet=etcd.url)
+    assert hostlock.status("nightly", fleet=etcd.url).state == "free" and keys(etcd) == []
+    with pytest.raises(hostlock.TokenError) as e:
+        hostlock.release("nightly", token, fleet=etcd.url)
+    assert e.value.reason == "gone"
+
+
+def test_etcdctl_lock_and_hostlock_exclude_each_other(etcd):
+    env = dict(os.environ, ETCDCTL_API="3")
+    ctl = subprocess.Popen([fleet_etcd.ETCDCTL, "--endpoints", etcd.endpoint, "lock", "hostlock/shared-db"],
+                           stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        assert ctl.stdout.readline().startswith("hostlock/shared-db/")  # etcdctl holds
+        lock = hostlock.Lock("shared-db", fleet=etcd.url)
+        with pytest.raises(hostlock.LockTimeout) as e:
+            lock.acquire(timeout=0)
+        assert "etcdctl lock" in str(e.value)
+        (h,) = hostlock.holders("shared-db", fleet=etcd.url)
+        assert not h.record_ok and h.mode == "exclusive"
+        waiter = Waiter(lock)
+        waiter.start()
+        until(lambda: hostlock.status("shared-db", fleet=etcd.url).waiters == 1, "hostlock queued")
+        ctl.send_signal(signal.SIGINT)  # etcdctl ends its session: its key goes
+        assert ctl.wait(WAIT) is not None
+        assert waiter.held.wait(WAIT) and waiter.error is None
+        # And the other way: etcdctl waits while hostlock holds.
+        ctl = subprocess.Popen([fleet_etcd.ETCDCTL, "--endpoints", etcd.endpoint, "lock", "hostlock/shared-db"],
+                               stdout=subprocess.PIPE, env=env, text=True)
+        until(lambda: hostlock.status("shared-db", fleet=etcd.url).waiters == 1, "etcdctl queued")
+        assert ctl.poll() is None
+        waiter.go.set()
+        assert ctl.stdout.readline().startswith("hostlock/shared-db/")  # etcdctl got it only now
+        waiter.join(WAIT)
+    finally:
+        ctl.kill()
+        ctl.wait()
+
+
+def test_unreachable_fleet_is_fleet_unavailable_naming_the_members(proxy_to, etcd):
+    port = fleet_etcd.free_port()  # nothing listens there
+    url = "etcd://127.0.0.1:%d" % port
+    with pytest.raises(hostlock.FleetUnavailable) as e:
+        hostlock.Lock("x", fleet=url).acquire(timeout=1)
+    assert "127.0.0.1:%d" % port in str(e.value) and e.value.endpoints == "127.0.0.1:%d" % port
+    with pytest.raises(hostlock.FleetUnavailable):
+        hostlock.status("x", fleet=url)
+    # A member that accepts and never answers (a dead route) must not hang the client past its deadline.
+    proxy = proxy_to(etcd.endpoint)
+    proxy.cut()
+    with pytest.raises(hostlock.FleetUnavailable) as e:
+        hostlock.Lock("x", fleet=proxy.url).acquire(timeout=1)
+    assert proxy.endpoint in str(e.value)
+
+
+def test_a_dead_member_is_skipped_for_the_next(etcd):
+    dead = "127.0.0.1:%d" % fleet_etcd.free_port()
+    lock = hostlock.Lock("x", fleet="etcd://%s,%s" % (dead, etcd.endpoint))
+    lock.acquire(timeout=5)
+    assert lock.fence > 0
+    lock.release()
+    assert keys(etcd) == []
+
+
+def test_auth(tmp_path, monkeypatch):
+    if not fleet_etcd.have_etcd():
+        pytest.skip("etcd/etcdctl not installed")
+    member = fleet_etcd.start_etcd(str(tmp_path))
+    try:
+        for args in (("user", "add", "root:rootpw"), ("user", "add", "ops:opspw"), ("role", "add", "locks"),
+                     ("role", "grant-permission", "locks", "--prefix=true", "readwrite", "hostlock/"),
+                     ("user", "grant-role", "ops", "locks"), ("auth", "enable")):
+            r = member.etcdctl(*args)
+            assert r.returncode == 0, r.stderr
+        url = "etcd://ops@" + member.endpoint
+        monkeypatch.setenv("HOSTLOCK_FLEET_PASSWORD", "opspw")
+        with hostlock.Lock("db", fleet=url) as lock:
+            assert lock.fence > 0
+            assert hostlock.holders("db", fleet=url)[0].fence == lock.fence
+        # Without credentials, or with the wrong password, or outside the granted prefix: refused.
+        with pytest.raises(hostlock.FleetUnavailable, match="refused|denied|permission"):
+            hostlock.Lock("db", fleet="etcd://" + member.endpoint).acquire(timeout=1)
+        with pytest.raises(hostlock.FleetUnavailable, match="refused|denied|permission"):
+            hostlock.Lock("db", fleet=url + "/elsewhere").acquire(timeout=1)
+        monkeypatch.setenv("HOSTLOCK_FLEET_PASSWORD", "wrong")
+        with pytest.raises(hostlock.FleetUnavailable, match="refused user 'ops'"):
+            hostlock.Lock("db", fleet=url).acquire(timeout=1)
+        monkeypatch.delenv("HOSTLOCK_FLEET_PASSWORD")
+        with pytest.raises(hostlock.FleetUnavailable, match="HOSTLOCK_FLEET_PASSWORD"):
+            hostlock.status("db", fleet=url)
+    finally:
+        member.stop()
