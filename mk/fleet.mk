@@ -5,7 +5,7 @@
 #
 # The etcd binaries come from Debian (etcd-server, etcd-client); installed here when missing.
 
-.PHONY: etcd-deps test-fleet
+.PHONY: etcd-deps test-fleet bench-fleet
 
 etcd-deps:
 	@if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then \
@@ -17,5 +17,9 @@ etcd-deps:
 
 test-fleet: venv etcd-deps
 	$(PYTEST) -q $(XDIST) tests/integration/fleet $(PYTEST_ARGS)
+
+# Anchors and hostlock rows in one run, single member and 3-member cluster; BENCH_FLEET_ARGS=--quick for a smoke run.
+bench-fleet: venv etcd-deps
+	$(PY) benchmarks/fleet.py --docs docs/benchmarks.md $(BENCH_FLEET_ARGS)
 
 TEST_TARGETS += test-fleet

@@ -1,0 +1,579 @@
+"""Fleet benchmark: hostlock fleet locks on a real etcd against etcd's own floors, all measured in one run.
+
+Anchors, on a single member and on a 3-member cluster (both started here on 127.0.0.1 with tests/fleet_etcd.py):
+- one etcd transaction round trip over the v3 JSON gateway (a committed compare-and-put on a persistent
+  connection: what every lock step costs at least);
+- the watch notification: from sending a delete to a watcher's event on another connection (how a waiter
+  learns that the one ahead left);
+- the lease-lock floor: lease grant + compare-and-put with the lease + lease revoke, done by hand (the three
+  round trips any lease-based lock needs for one uncontended cycle);
+- `etcdctl lock NAME true` (the tool users would reach for): one run, a handoff between two etcdctl processes,
+  and N looping processes contending; `etcdctl get` gives the Go client's own start-up cost.
+hostlock rows (when the installed hostlock has fleet locks): acquire+release on an open Lock, handoff from
+release() to a blocked waiter process's acquire() returning, N processes contending on one counter (checked).
+Targets are ratios to the anchors of the same run; the machine is shared, so the ratios are the figures.
+
+    make bench-fleet                     # prints, updates docs/benchmarks.md
+    .venv/bin/python benchmarks/fleet.py [--docs docs/benchmarks.md] [--quick] [--only single|cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import inspect
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+import fleet_etcd  # noqa: E402 - the test fixtures start and stop the etcd servers; path set up just above
+
+import hostlock  # noqa: E402
+
+ETCDCTL_ENV = dict(os.environ, ETCDCTL_API="3")
+
+
+def now_ns() -> int:
+    """CLOCK_MONOTONIC is system-wide: stamps taken in different processes compare."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode()
+
+
+def has_fleet() -> bool:
+    """The engine's fleet support is probed, not assumed: rows for hostlock appear once it exists."""
+    try:
+        return "fleet" in inspect.signature(hostlock.Lock).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class Gateway:
+    """A persistent HTTP/1.1 connection to one member's v3 JSON gateway (what a minimal client does)."""
+
+    def __init__(self, endpoint: str) -> None:
+        host, port = endpoint.rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+
+    def post(self, path: str, body: dict) -> dict:
+        self.conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError("%s: HTTP %d %s" % (path, r.status, data[:200]))
+        return json.loads(data)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+# -- anchors -------------------------------------------------------------------------------------------------
+def txn_rtt_ms(endpoint: str, samples: int) -> list[float]:
+    """One committed transaction: compare create_revision == 0 on a fresh key, then put (a lock's own step)."""
+    gw = Gateway(endpoint)
+    out = []
+    try:
+        for i in range(samples + 10):
+            key = b64("bench/txn/%d" % i)
+            t0 = now_ns()
+            r = gw.post("/v3/kv/txn", {"compare": [{"key": key, "target": "CREATE", "createRevision": "0"}],
+                                       "success": [{"requestPut": {"key": key, "value": b64("x")}}],
+                                       "failure": [{"requestRange": {"key": key}}]})
+            t1 = now_ns()
+            if not r.get("succeeded"):
+                raise RuntimeError("txn anchor: compare failed on a fresh key %r" % r)
+            if i >= 10:  # the first ones warm the connection and the member
+                out.append((t1 - t0) / 1e6)
+        gw.post("/v3/kv/deleterange", {"key": b64("bench/txn/"), "range_end": b64("bench/txn0")})
+    finally:
+        gw.close()
+    return out
+
+
+def watch_ms(endpoint: str, watch_endpoint: str, samples: int) -> list[float]:
+    """Delete sent on one connection -> the DELETE event read from a watch stream on another connection."""
+    key = b64("bench/watch")
+    writer = Gateway(endpoint)
+    host, port = watch_endpoint.rsplit(":", 1)
+    wconn = http.client.HTTPConnection(host, int(port), timeout=30)
+    out = []
+    try:
+        wconn.request("POST", "/v3/watch", body=json.dumps({"create_request": {"key": key, "filters": ["NOPUT"]}}),
+                      headers={"Content-Type": "application/json"})
+        stream = wconn.getresponse()
+        if "created" not in json.loads(stream.readline())["result"]:
+            raise RuntimeError("watch anchor: no created reply")
+        for i in range(samples + 5):
+            writer.post("/v3/kv/put", {"key": key, "value": b64("x")})  # filtered out of the stream (NOPUT)
+            t0 = now_ns()
+            writer.post("/v3/kv/deleterange", {"key": key})
+            while True:
+                event = json.loads(stream.readline())["result"]
+                if any(e.get("type") == "DELETE" for e in event.get("events", [])):
+                    break
+            t1 = now_ns()
+            if i >= 5:
+                out.append((t1 - t0) / 1e6)
+    finally:
+        writer.close()
+        wconn.close()
+    return out
+
+
+def lease_lock_floor_ms(endpoint: str, samples: int) -> list[float]:
+    """Lease grant + compare-and-put with the lease + lease revoke: the least a lease-based lock cycle costs."""
+    gw = Gateway(endpoint)
+    key = b64("bench/floor/k")
+    out = []
+    try:
+        for i in range(samples + 5):
+            t0 = now_ns()
+            lease = gw.post("/v3/lease/grant", {"TTL": 10})["ID"]
+            r = gw.post("/v3/kv/txn", {"compare": [{"key": key, "target": "CREATE", "createRevision": "0"}],
+                                       "success": [{"requestPut": {"key": key, "value": b64("x"), "lease": lease}}],
+                                       "failure": [{"requestRange": {"key": key}}]})
+            gw.post("/v3/lease/revoke", {"ID": lease})
+            t1 = now_ns()
+            if not r.get("succeeded"):
+                raise RuntimeError("floor anchor: key still held %r" % r)
+            if i >= 5:
+                out.append((t1 - t0) / 1e6)
+    finally:
+        gw.close()
+    return out
+
+
+def etcdctl(endpoints: str, *args: str, **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run([fleet_etcd.ETCDCTL, "--endpoints", endpoints, *args], env=ETCDCTL_ENV,
+                          capture_output=True, text=True, check=True, **kw)  # type: ignore[call-overload]
+
+
+def process_ms(endpoints: str, args: list[str], samples: int) -> list[float]:
+    out = []
+    for _i in range(samples):
+        t0 = now_ns()
+        etcdctl(endpoints, *args)
+        out.append((now_ns() - t0) / 1e6)
+    return out
+
+
+def key_count(gw: Gateway, prefix: str) -> int:
+    r = gw.post("/v3/kv/range", {"key": b64(prefix), "range_end": b64(prefix[:-1] + chr(ord(prefix[-1]) + 1)),
+                                 "count_only": True})
+    return int(r.get("count", "0"))
+
+
+def wait_keys(gw: Gateway, prefix: str, n: int, within: float = 60.0) -> None:
+    """The waiter has queued its key: an event in etcd, looked at until it shows (bounded, not timed)."""
+    deadline = time.monotonic() + within
+    while key_count(gw, prefix) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no waiter key under %s after %ss" % (prefix, within))
+        time.sleep(0.002)
+    time.sleep(0.05)  # let the waiter settle into its watch: a late watch would measure a free lock instead
+
+
+def etcdctl_handoff_ms(endpoints: str, gw: Gateway, workdir: str, samples: int) -> list[float]:
+    """Holder `etcdctl lock NAME -- sh -c 'echo held; read x < FIFO'`; waiter `etcdctl lock NAME` prints its key
+    when it holds. Measured: the FIFO write that ends the holder's command -> the waiter's line."""
+    fifo = os.path.join(workdir, "release.fifo")
+    os.mkfifo(fifo)
+    name = "bench/etcdctl-handoff"
+    out = []
+    for _i in range(samples):
+        holder = subprocess.Popen([fleet_etcd.ETCDCTL, "--endpoints", endpoints, "lock", name, "--", "sh", "-c",
+                                   "echo held; read x < %s" % shlex.quote(fifo)],
+                                  stdout=subprocess.PIPE, text=True, env=ETCDCTL_ENV)
+        waiter = None
+        try:
+            if not holder.stdout or holder.stdout.readline().strip() != "held":
+                raise RuntimeError("etcdctl lock holder did not start its command")
+            waiter = subprocess.Popen([fleet_etcd.ETCDCTL, "--endpoints", endpoints, "lock", name],
+                                      stdout=subprocess.PIPE, text=True, env=ETCDCTL_ENV)
+            wait_keys(gw, name + "/", 2)
+            t0 = now_ns()
+            with open(fifo, "w") as f:
+                f.write("go\n")
+            line = waiter.stdout.readline() if waiter.stdout else ""
+            t1 = now_ns()
+            if not line.startswith(name + "/"):
+                raise RuntimeError("etcdctl lock waiter printed %r" % line)
+            out.append((t1 - t0) / 1e6)
+        finally:
+            holder.wait(timeout=60)
+            if waiter is not None:
+                waiter.send_signal(2)  # SIGINT: etcdctl unlocks and exits
+                waiter.wait(timeout=60)
+    return out
+
+
+def etcdctl_contend(endpoints: str, procs: int, cycles: int) -> float:
+    """procs looping `etcdctl lock NAME true` (one thread each, waiting on its process): cycles per second."""
+    go = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        go.wait()
+        try:
+            for _i in range(cycles):
+                etcdctl(endpoints, "lock", "bench/etcdctl-contend", "true")
+        except BaseException as e:  # reported after the join
+            errors.append(e)
+
+    threads = [threading.Thread(target=loop) for _i in range(procs)]
+    for t in threads:
+        t.start()
+    t0 = now_ns()
+    go.set()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return procs * cycles / ((now_ns() - t0) / 1e9)
+
+
+# -- hostlock ------------------------------------------------------------------------------------------------
+def hostlock_cycle_ms(url: str, cycles: int, repeats: int) -> float:
+    """Median over batches of the mean acquire+release on one open fleet Lock."""
+    lock = hostlock.Lock("bench-cycle", fleet=url)
+    for _i in range(5):
+        lock.acquire()
+        lock.release()
+    batches = []
+    for _b in range(repeats):
+        t0 = now_ns()
+        for _i in range(cycles):
+            lock.acquire()
+            lock.release()
+        batches.append((now_ns() - t0) / cycles / 1e6)
+    return statistics.median(batches)
+
+
+WAITER = r"""
+import sys, time, hostlock
+lock = hostlock.Lock(sys.argv[1], fleet=sys.argv[2])
+print("ready", flush=True)
+lock.acquire()
+print(time.clock_gettime_ns(time.CLOCK_MONOTONIC), flush=True)
+sys.stdin.readline()
+lock.release()
+"""
+
+
+def hostlock_handoff_ms(url: str, gw: Gateway, samples: int) -> list[float]:
+    """holder.release() in this process -> acquire() returning in a blocked waiter process (one per sample)."""
+    name = "bench-handoff"
+    holder = hostlock.Lock(name, fleet=url)
+    out = []
+    for _i in range(samples):
+        holder.acquire()
+        waiter = subprocess.Popen([sys.executable, "-c", WAITER, name, url], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert waiter.stdout and waiter.stdin
+            if waiter.stdout.readline().strip() != "ready":
+                raise RuntimeError("hostlock waiter did not start")
+            wait_keys(gw, "hostlock/%s/" % name, 2)
+            t0 = now_ns()
+            holder.release()
+            got = int(waiter.stdout.readline())
+            out.append((got - t0) / 1e6)
+            waiter.stdin.write("done\n")
+            waiter.stdin.flush()
+        finally:
+            if waiter.wait(timeout=60) != 0:
+                raise RuntimeError("hostlock waiter failed")
+    return out
+
+
+CONTENDER = r"""
+import os, struct, sys, time, hostlock
+name, url, counter, cycles = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+lock = hostlock.Lock(name, fleet=url)
+fd = os.open(counter, os.O_RDWR)
+print("ready", flush=True)
+sys.stdin.readline()
+worst = 0
+for _i in range(cycles):
+    t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    lock.acquire()
+    worst = max(worst, time.clock_gettime_ns(time.CLOCK_MONOTONIC) - t0)
+    (v,) = struct.unpack("q", os.pread(fd, 8, 0))
+    os.pwrite(fd, struct.pack("q", v + 1), 0)
+    lock.release()
+print(worst, time.clock_gettime_ns(time.CLOCK_MONOTONIC), flush=True)
+"""
+
+
+def hostlock_contend(url: str, workdir: str, procs: int, cycles: int) -> tuple[float, float]:
+    """procs processes x cycles increments of one counter under the fleet lock: (cycles/s, worst wait ms).
+    The counter is checked: a lock that lets two holders in is not benchmarked, it is broken."""
+    counter = os.path.join(workdir, "counter")
+    with open(counter, "wb") as f:
+        f.write((0).to_bytes(8, sys.byteorder))
+    ps = [subprocess.Popen([sys.executable, "-c", CONTENDER, "bench-contend", url, counter, str(cycles)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _i in range(procs)]
+    for p in ps:
+        assert p.stdout
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError("contender did not start")
+    t0 = now_ns()
+    for p in ps:
+        assert p.stdin
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    reports = []
+    for p in ps:
+        out, _err = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError("contender failed")
+        worst, end = map(int, out.split())
+        reports.append((worst, end))
+    with open(counter, "rb") as f:
+        total = int.from_bytes(f.read(8), sys.byteorder)
+    if total != procs * cycles:
+        raise RuntimeError("counter is %d, expected %d: two holders overlapped" % (total, procs * cycles))
+    wall = (max(e for _w, e in reports) - t0) / 1e9
+    return procs * cycles / wall, max(w for w, _e in reports) / 1e6
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+@dataclass
+class Config:
+    samples: int  # round trips and watch events per anchor
+    process_samples: int  # etcdctl runs
+    handoffs: int
+    cycles: int
+    repeats: int
+    procs: int
+    contend_cycles: int
+    etcdctl_contend_cycles: int
+
+
+@dataclass
+class Target:
+    label: str
+    url: str  # hostlock's fleet URL (every member)
+    endpoints: str  # etcdctl's --endpoints
+    leader: str
+    r: dict[str, float] = field(default_factory=dict)
+
+
+def measure(t: Target, cfg: Config, workdir: str, log: Callable[[str], None]) -> None:
+    r = t.r
+    gw = Gateway(t.leader)
+    try:
+        log("%s: txn round trip x%d" % (t.label, cfg.samples))
+        r["txn"] = statistics.median(txn_rtt_ms(t.leader, cfg.samples))
+        log("%s: watch notification x%d" % (t.label, cfg.samples))
+        watch_on = t.endpoints.split(",")[-1]  # on the cluster, another member than the writer's when it can
+        if watch_on == t.leader:
+            watch_on = t.endpoints.split(",")[0]
+        r["watch"] = statistics.median(watch_ms(t.leader, watch_on, cfg.samples))
+        log("%s: lease lock floor x%d" % (t.label, cfg.samples))
+        r["floor"] = statistics.median(lease_lock_floor_ms(t.leader, cfg.samples))
+        log("%s: etcdctl get / lock x%d" % (t.label, cfg.process_samples))
+        etcdctl(t.endpoints, "put", "bench/get", "x")
+        r["ctl_get"] = statistics.median(process_ms(t.endpoints, ["get", "bench/get"], cfg.process_samples))
+        r["ctl_lock"] = statistics.median(process_ms(t.endpoints, ["lock", "bench/etcdctl-cycle", "true"],
+                                                     cfg.process_samples))
+        log("%s: etcdctl lock handoff x%d" % (t.label, cfg.handoffs))
+        hand = etcdctl_handoff_ms(t.endpoints, gw, workdir, cfg.handoffs)
+        r["ctl_handoff"], r["ctl_handoff_max"] = statistics.median(hand), max(hand)
+        log("%s: etcdctl lock, %d processes x %d" % (t.label, cfg.procs, cfg.etcdctl_contend_cycles))
+        r["ctl_tput"] = etcdctl_contend(t.endpoints, cfg.procs, cfg.etcdctl_contend_cycles)
+        if has_fleet():
+            log("%s: hostlock acquire+release %dx%d" % (t.label, cfg.repeats, cfg.cycles))
+            r["h_cycle"] = hostlock_cycle_ms(t.url, cfg.cycles, cfg.repeats)
+            log("%s: hostlock handoff x%d" % (t.label, cfg.handoffs))
+            hand = hostlock_handoff_ms(t.url, gw, cfg.handoffs)
+            r["h_handoff"], r["h_handoff_max"] = statistics.median(hand), max(hand)
+            log("%s: hostlock, %d processes x %d" % (t.label, cfg.procs, cfg.contend_cycles))
+            r["h_tput"], r["h_worst"] = hostlock_contend(t.url, workdir, cfg.procs, cfg.contend_cycles)
+    finally:
+        gw.close()
+
+
+def fmt(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, str]) -> str:
+    lines = [
+        "## Fleet",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        machine() + "; etcd %s; load average %s before, %s after." % (etcd_version(), *load),
+        "Single member and a 3-member cluster on 127.0.0.1 (tests/fleet_etcd.py: heartbeat 50 ms, election "
+        "500 ms); anchors talk to the leader over one persistent connection. Medians of %d round trips / watch "
+        "events, %d etcdctl runs, %d handoffs (one fresh waiter process each), %d batches of %d hostlock "
+        "cycles; contention: %d processes x %d cycles (hostlock, on one counter, checked) or x %d (etcdctl lock "
+        "NAME true)." % (cfg.samples, cfg.process_samples, cfg.handoffs, cfg.repeats, cfg.cycles, cfg.procs,
+                         cfg.contend_cycles, cfg.etcdctl_contend_cycles),
+        "",
+        "| anchor (ms unless stated) | " + " | ".join(t.label for t in targets) + " |",
+        "| --- |" + " ---: |" * len(targets),
+    ]
+
+    def row(label: str, key: str, digits: int = 2, extra: str | None = None) -> None:
+        cells = []
+        for t in targets:
+            v = t.r.get(key)
+            cell = fmt(v, digits)
+            if extra and t.r.get(extra) is not None:
+                cell += " / " + fmt(t.r[extra], 1)
+            cells.append(cell)
+        lines.append("| %s | %s |" % (label, " | ".join(cells)))
+
+    row("one txn round trip (compare-and-put, committed)", "txn", 3)
+    row("watch notification (delete sent -> watcher's event)", "watch", 3)
+    row("lease lock floor: grant + txn + revoke", "floor", 3)
+    row("`etcdctl get KEY` (process start + 1 read)", "ctl_get", 1)
+    row("`etcdctl lock NAME true`", "ctl_lock", 1)
+    row("`etcdctl lock` handoff median / max", "ctl_handoff", 2, "ctl_handoff_max")
+    row("`etcdctl lock` %d processes: cycles/s" % cfg.procs, "ctl_tput", 1)
+    if any("h_cycle" in t.r for t in targets):
+        lines += ["", "| hostlock (ms unless stated) | " + " | ".join(t.label for t in targets) + " |",
+                  "| --- |" + " ---: |" * len(targets)]
+        row("**hostlock.Lock(fleet=URL)** acquire+release", "h_cycle", 3)
+        row("handoff median / max (release -> waiter's acquire returns)", "h_handoff", 2, "h_handoff_max")
+        row("%d processes contending: cycles/s" % cfg.procs, "h_tput", 1)
+        row("%d processes contending: worst wait" % cfg.procs, "h_worst", 1)
+    lines += ["", "Targets (ratios within this run):", ""]
+    lines += goals(targets)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def goals(targets: list[Target]) -> list[str]:
+    out = []
+
+    def line(ok: bool, text: str) -> None:
+        out.append(f"- {'met' if ok else '**MISSED**'}: {text}")
+
+    for t in targets:
+        r = t.r
+        if "h_cycle" not in r:
+            out.append(f"- {t.label}: no hostlock rows (the installed hostlock has no fleet locks yet)")
+            continue
+        handoff_goal = 2 * r["txn"] + r["watch"]
+        line(r["h_handoff"] <= handoff_goal,
+             f"{t.label}: handoff median <= 2x txn round trip + watch notification ({handoff_goal:.2f} ms): "
+             f"{r['h_handoff']:.2f} ms = {r['h_handoff'] / handoff_goal:.2f}x; `etcdctl lock`'s handoff is "
+             f"{r['ctl_handoff'] / handoff_goal:.2f}x")
+        line(r["h_cycle"] <= 1.5 * r["floor"],
+             f"{t.label}: acquire+release <= 1.5x the lease lock floor: {r['h_cycle'] / r['floor']:.2f}x "
+             f"({r['h_cycle'] / r['txn']:.1f} txn round trips; `etcdctl lock NAME true` is "
+             f"{r['ctl_lock'] / r['floor']:.1f}x, {(r['ctl_lock'] - r['ctl_get']) / r['floor']:.1f}x without its "
+             f"process start)")
+        serial = 1000.0 / handoff_goal  # cycles/s if every cycle cost exactly the handoff target
+        line(r["h_tput"] >= 0.5 * serial,
+             f"{t.label}: contended throughput >= 0.5x what the handoff target allows ({serial:.0f}/s): "
+             f"{r['h_tput'] / serial:.2f}x; {r['h_tput'] / r['ctl_tput']:.1f}x `etcdctl lock` processes'")
+    return out
+
+
+def etcd_version() -> str:
+    try:
+        out = subprocess.run([fleet_etcd.ETCD, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return out.split()[2]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "?"
+
+
+def machine() -> str:
+    return (f"Python {platform.python_version()} ({sys.executable}), Linux {platform.release()}, "
+            f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
+
+
+def loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+def write_docs(path: Path, text: str, heading: str = "## Fleet") -> None:
+    """Replace the heading's section of path (or append it), leaving the other sections alone."""
+    doc = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
+    lines = doc.splitlines(keepends=True)
+    start = next((i for i, ln in enumerate(lines) if ln.strip() == heading), None)
+    if start is None:
+        doc = doc.rstrip("\n") + "\n\n" + text
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        doc = "".join(lines[:start]) + text + ("\n" if end < len(lines) else "") + "".join(lines[end:])
+    path.write_text(doc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (smoke run)")
+    parser.add_argument("--only", choices=["single", "cluster"], help="one etcd layout only")
+    parser.add_argument("--procs", type=int, default=4, help="contending processes")
+    parser.add_argument("--docs", type=Path, help='write the table into this file\'s "## Fleet" section')
+    args = parser.parse_args(argv)
+    if not fleet_etcd.have_etcd():
+        print("bench-fleet: etcd/etcdctl not installed (make bench-fleet installs them)", file=sys.stderr)
+        return 69
+    if args.quick:
+        cfg = Config(30, 5, 5, 20, 3, args.procs, 10, 3)
+    else:
+        cfg = Config(300, 20, 25, 100, 5, args.procs, 50, 10)
+
+    def log(msg: str) -> None:
+        print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+    load_before = loadavg()
+    targets: list[Target] = []
+    with tempfile.TemporaryDirectory(prefix="hostlock-bench-fleet-") as top:
+        if args.only in (None, "single"):
+            d = os.path.join(top, "single")
+            os.mkdir(d)
+            member = fleet_etcd.start_etcd(d)
+            try:
+                t = Target("single member", member.url, member.endpoint, member.endpoint)
+                measure(t, cfg, d, log)
+                targets.append(t)
+            finally:
+                member.stop()
+        if args.only in (None, "cluster"):
+            d = os.path.join(top, "cluster")
+            os.mkdir(d)
+            cluster = fleet_etcd.start_cluster(d, 3)
+            try:
+                t = Target("3-member cluster", cluster.url, cluster.endpoints, cluster.leader().endpoint)
+                measure(t, cfg, d, log)
+                targets.append(t)
+            finally:
+                cluster.stop()
+    command = "make bench-fleet  # = " + shlex.join([sys.executable, "benchmarks/fleet.py",
+                                                      *(argv if argv is not None else sys.argv[1:])])
+    text = section(targets, cfg, command, (load_before, loadavg()))
+    print(text)
+    if args.docs:
+        write_docs(args.docs, text)
+        print(f"(written to {args.docs})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
