@@ -122,6 +122,7 @@ class Session:
         self.lost_r, self._lost_w = os.pipe()  # readable once lost: wakes a waiter's watch
         for fd in (self._stop_r, self._stop_w, self._lost_w):
             os.set_blocking(fd, False)  # draining must never block; a full pipe is already "poked"
+        self._fds: tuple = (self._stop_r, self._stop_w, self.lost_r, self._lost_w)
         self.thread = threading.Thread(target=self._run, name="hostlock-etcd-keepalive %x" % lease, daemon=True)
         self.thread.start()
 
@@ -132,9 +133,16 @@ class Session:
 
     @property
     def lost(self) -> bool:
-        if not self._lost and not self._stopped and boottime() >= self.expires:
-            self._lose("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl, unavailable=True)
-        return self._lost
+        """Lost as the keep-alive thread knows it, or by the clock alone: after a pause (SIGSTOP, suspend)
+        the holder must know before its thread has run again. No side effect: on_lost comes from the thread."""
+        if self._lost:
+            return True
+        if not self._stopped and boottime() >= self.expires:
+            if self.why is None:
+                self.why = "no keep-alive was answered within the lease's TTL (%gs)" % self.ttl
+                self.unavailable = True
+            return True
+        return False
 
     def watch_key(self, key: bytes, rev: int) -> None:
         """Also watch our own key from revision `rev`: deleted or moved to another lease means lost."""
@@ -151,7 +159,9 @@ class Session:
         with self._mutex:
             if self._lost or self._stopped:
                 return
-            self._lost, self.why, self.unavailable = True, why, unavailable
+            self._lost = True
+            if self.why is None:
+                self.why, self.unavailable = why, unavailable
             try:
                 os.write(self._lost_w, b"x")
             except OSError:
@@ -170,8 +180,15 @@ class Session:
             self._stopped = True
         self._poke()
         if self.thread is not threading.current_thread():
-            self.thread.join(5.0)
-        for fd in (self._stop_r, self._stop_w, self.lost_r, self._lost_w):
+            # Short: a thread stuck in a keep-alive to an unreachable member closes its own descriptors.
+            self.thread.join(1.0)
+        if not self.thread.is_alive():
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        with self._mutex:  # once: a descriptor number closed twice could be someone else's by then
+            fds, self._fds = self._fds, ()
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
@@ -180,11 +197,8 @@ class Session:
     def forget(self) -> None:
         """In a forked child: the thread is not there; never renew or revoke the parent's lease."""
         self._stopped = True
-        for fd in (self._stop_r, self._stop_w, self.lost_r, self._lost_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        self._mutex = threading.Lock()
+        self._close_fds()
 
     def _drain(self) -> None:
         try:
@@ -199,6 +213,7 @@ class Session:
         watching: bytes | None = None
         try:
             while not self._stopped:
+                self._drain()
                 now = boottime()
                 if now >= self.expires:
                     self._lose("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl,
@@ -219,7 +234,6 @@ class Session:
                     import select
 
                     select.select([self._stop_r], [], [], max(0.0, next_ka - boottime()))
-                    self._drain()
                     continue
                 try:
                     evs = watch.events(monotonic() + max(0.0, next_ka - boottime()))
@@ -228,7 +242,6 @@ class Session:
                     watch.close()
                     watch, watching = None, None
                     continue
-                self._drain()
                 for kind, key, kv in evs or ():
                     self.key_rev = max(self.key_rev, int(kv.get("mod_revision") or 0) + 1)
                     if key != self.key:
@@ -243,6 +256,8 @@ class Session:
         finally:
             if watch is not None:
                 watch.close()
+            if self._stopped:
+                self._close_fds()
 
     def _keepalive(self, interval: float) -> float:
         """One keep-alive; returns when the next one is due."""

@@ -186,6 +186,7 @@ class Client:
         authed = False
         while True:
             n = len(self.endpoints)
+            transient = 0
             for k in range(n):
                 i = (self._next + k) % n
                 left = deadline - monotonic()
@@ -212,11 +213,13 @@ class Client:
                         raise self._unavailable("etcd refused access (%s)" % message)
                     raise EtcdError("etcd refused %s: %s" % (path, message), code=code or 0)
                 except _Retry as e:
+                    transient += 1
                     last = "%s: %s" % (_member(self.endpoints[i]), e)
                 except (OSError, http.client.HTTPException) as e:
+                    transient += not _permanent(e)
                     last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
             left = deadline - monotonic()
-            if left <= 0:
+            if left <= 0 or not transient:
                 raise self._unavailable("etcd unreachable (%s)" % last)
             time.sleep(min(delay, left))  # every member failed just now: back off before the next round
             delay = min(delay * 2, 0.5)
@@ -254,6 +257,7 @@ class Client:
         delay = 0.02
         while True:
             n = len(self.endpoints)
+            transient = 0
             for k in range(n):
                 i = (self._next + k) % n
                 if deadline - monotonic() <= 0:
@@ -266,15 +270,17 @@ class Client:
                     return w
                 except _Retry as e:
                     w.close()
+                    transient += 1
                     last = "%s: %s" % (_member(self.endpoints[i]), e)
                 except (OSError, ValueError) as e:
                     w.close()
+                    transient += not _permanent(e)
                     last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
                 except BaseException:
                     w.close()
                     raise
             left = deadline - monotonic()
-            if left <= 0:
+            if left <= 0 or not transient:
                 raise self._unavailable("etcd unreachable for a watch (%s)" % last)
             time.sleep(min(delay, left))
             delay = min(delay * 2, 0.5)
@@ -307,7 +313,7 @@ class Watch:
             head.append("Authorization: %s" % self.client._token)
         sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
         while b"\r\n\r\n" not in self._raw:
-            if not self._fill(deadline):
+            if not self._fill(deadline, wake=False):
                 raise socket.timeout("no answer to the watch request")
         head_bytes, self._raw = self._raw.split(b"\r\n\r\n", 1)
         lines = head_bytes.decode("latin-1").split("\r\n")
@@ -317,7 +323,7 @@ class Watch:
             raise _Retry("HTTP 503")
         if status != 200 or not chunked:
             raise _Retry("watch refused: %s" % lines[0])
-        first = self.next_message(deadline)
+        first = self.next_message(deadline, wake=False)
         if first is None:
             raise socket.timeout("watch not created in time")
         self._check(first)
@@ -335,7 +341,7 @@ class Watch:
                 raise self.client._unavailable("etcd refused access (%s)" % message)
             raise _Retry(message)
 
-    def _fill(self, deadline: float) -> bool:
+    def _fill(self, deadline: float, wake: bool = True) -> bool:
         """Read more bytes; False when the deadline passed first. WatchClosed when the stream ended."""
         sock = self.sock
         if sock is None:
@@ -346,7 +352,7 @@ class Watch:
             if left <= 0:
                 return False
             # select first: the socket's own timeout would leave a half-read TLS record or chunk behind.
-            ready = select.select([sock, *self.wake], [], [], min(left, 3600.0))[0]
+            ready = select.select([sock, *(self.wake if wake else ())], [], [], min(left, 3600.0))[0]
             if sock not in ready:
                 return False
         try:
@@ -375,7 +381,7 @@ class Watch:
             self._body += self._raw[end + 2:end + 2 + size]
             self._raw = self._raw[end + 2 + size + 2:]
 
-    def next_message(self, deadline: float) -> dict | None:
+    def next_message(self, deadline: float, wake: bool = True) -> dict | None:
         """The next message's "result" (or error) dict, or None when the deadline passed first."""
         while True:
             self._dechunk()
@@ -400,7 +406,7 @@ class Watch:
                 if rev:
                     self.revision = max(self.revision, int(rev))
                 return result
-            if not self._fill(deadline):
+            if not self._fill(deadline, wake):
                 return None
 
     def events(self, deadline: float) -> list | None:
@@ -446,6 +452,15 @@ def _message(reply: dict) -> str:
 def _member(ep: tuple) -> str:
     host, port = ep
     return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def _permanent(e: BaseException) -> bool:
+    """An error that asking again cannot fix: a certificate that does not verify, a TLS setup mistake."""
+    import sys
+
+    ssl = sys.modules.get("ssl")  # loaded only when the URL is etcds://
+    return ssl is not None and isinstance(e, ssl.SSLError) and not isinstance(e, (ssl.SSLWantReadError,
+                                                                                  ssl.SSLEOFError))
 
 
 def _oserror(e: BaseException) -> str:

@@ -321,7 +321,10 @@ def test_auth(tmp_path, monkeypatch):
     try:
         for args in (("user", "add", "root:rootpw"), ("user", "add", "ops:opspw"), ("role", "add", "locks"),
                      ("role", "grant-permission", "locks", "--prefix=true", "readwrite", "hostlock/"),
-                     ("user", "grant-role", "ops", "locks"), ("auth", "enable")):
+                     ("user", "grant-role", "ops", "locks"),
+                     ("user", "add", "viewer:viewpw"), ("role", "add", "look"),
+                     ("role", "grant-permission", "look", "--prefix=true", "read", "hostlock/"),
+                     ("user", "grant-role", "viewer", "look"), ("auth", "enable")):
             r = member.etcdctl(*args)
             assert r.returncode == 0, r.stderr
         url = "etcd://ops@" + member.endpoint
@@ -329,6 +332,23 @@ def test_auth(tmp_path, monkeypatch):
         with hostlock.Lock("db", fleet=url) as lock:
             assert lock.fence > 0
             assert hostlock.holders("db", fleet=url)[0].fence == lock.fence
+        token = hostlock.hold("db", 300, fleet=url)
+        # A user who may only read sees the holder (and so could derive the token), yet cannot end,
+        # renew, break or take the lock: etcd's permissions are the boundary.
+        viewer = "etcd://viewer@" + member.endpoint
+        monkeypatch.setenv("HOSTLOCK_FLEET_PASSWORD", "viewpw")
+        (h,) = hostlock.holders("db", fleet=viewer)
+        assert h.token_id == hostlock.token_id(token)
+        for attempt in (lambda: hostlock.release("db", token, fleet=viewer),
+                        lambda: hostlock.renew("db", token, 60, fleet=viewer),
+                        lambda: hostlock.break_lock("db", fleet=viewer, force=True),
+                        lambda: hostlock.Lock("other", fleet=viewer).acquire(timeout=1)):
+            with pytest.raises(hostlock.FleetUnavailable, match="permission denied"):
+                attempt()
+        monkeypatch.setenv("HOSTLOCK_FLEET_PASSWORD", "opspw")
+        assert hostlock.holders("db", fleet=url)[0].token_id == hostlock.token_id(token)
+        hostlock.release("db", token, fleet=url)
+        assert hostlock.status("db", fleet=url).state == "free"
         # Without credentials, or with the wrong password, or outside the granted prefix: refused.
         with pytest.raises(hostlock.FleetUnavailable, match="refused|denied|permission"):
             hostlock.Lock("db", fleet="etcd://" + member.endpoint).acquire(timeout=1)
@@ -340,5 +360,57 @@ def test_auth(tmp_path, monkeypatch):
         monkeypatch.delenv("HOSTLOCK_FLEET_PASSWORD")
         with pytest.raises(hostlock.FleetUnavailable, match="HOSTLOCK_FLEET_PASSWORD"):
             hostlock.status("db", fleet=url)
+    finally:
+        member.stop()
+
+
+def _make_pki(d) -> dict:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=str(d), check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=hostlock test CA",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    for who in ("server", "client"):
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=%s" % who, "-keyout", who + ".key",
+            "-out", who + ".csr")
+        ssl("x509", "-req", "-in", who + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "san.cnf", "-out", who + ".pem")
+    return {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+def test_tls_with_client_certificates(tmp_path):
+    import shutil
+
+    if not fleet_etcd.have_etcd() or not shutil.which("openssl"):
+        pytest.skip("etcd/etcdctl or openssl not installed")
+    pki = _make_pki(tmp_path)
+    client, peer = fleet_etcd.free_port(), fleet_etcd.free_port()
+    endpoint = "127.0.0.1:%d" % client
+    member = fleet_etcd.Etcd("tls", str(tmp_path / "tls.data"), client, peer, "tls=http://127.0.0.1:%d" % peer,
+                             extra=["--listen-client-urls", "https://" + endpoint,
+                                    "--advertise-client-urls", "https://" + endpoint,
+                                    "--cert-file", pki["server.pem"], "--key-file", pki["server.key"],
+                                    "--client-cert-auth", "--trusted-ca-file", pki["ca.pem"]])
+    member.start()
+    try:
+        tls = ("--cacert", pki["ca.pem"], "--cert", pki["client.pem"], "--key", pki["client.key"])
+        until(lambda: member.etcdctl(*tls, "endpoint", "health").returncode == 0, "etcd (TLS) healthy")
+        url = "etcds://%s?cacert=%s&cert=%s&key=%s" % (endpoint, pki["ca.pem"], pki["client.pem"],
+                                                       pki["client.key"])
+        with hostlock.Lock("db", fleet=url) as lock:
+            (h,) = hostlock.holders("db", fleet=url)
+            assert h.fence == lock.fence
+            other = hostlock.Lock("db", fleet=url)
+            with pytest.raises(hostlock.LockTimeout):
+                other.acquire(timeout=0)
+        # A server certificate the client cannot verify, or no client certificate: refused, clearly.
+        with pytest.raises(hostlock.FleetUnavailable, match="certificate verify failed"):
+            hostlock.status("db", fleet="etcds://%s" % endpoint)
+        with pytest.raises(hostlock.FleetUnavailable, match=endpoint):
+            hostlock.status("db", fleet="etcds://%s?cacert=%s" % (endpoint, pki["ca.pem"]))
+        with pytest.raises(hostlock.FleetUnavailable, match=endpoint):
+            hostlock.Lock("db", fleet="etcd://%s" % endpoint).acquire(timeout=0)  # plain HTTP to a TLS port
     finally:
         member.stop()
