@@ -24,7 +24,7 @@ import threading
 import time
 
 from ._error import FleetUnavailable, HostlockError, LockLost, TokenError
-from ._etcd import NOT_FOUND, Client, EtcdError, WatchClosed, b64, monotonic, prefix_end, unb64
+from ._etcd import NOT_FOUND, Client, EtcdError, WatchClosed, b64, boottime, monotonic, prefix_end, unb64
 from ._names import check_duration, validate_name
 from ._owner import Holder, build_record, parse_record, record_prefix
 
@@ -38,14 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEFAULT_TTL = 10.0
 TOKEN_PREFIX = "hostlock-etcd."
-_CLOCK = getattr(time, "CLOCK_BOOTTIME", None)
-
-
-def boottime() -> float:
-    """Seconds on CLOCK_BOOTTIME (counts suspend and the time a stopped process did not run), else monotonic."""
-    if _CLOCK is not None:
-        return time.clock_gettime(_CLOCK)
-    return time.monotonic()  # pragma: no cover - non-Linux
 
 
 def _margin(ttl: float) -> float:
@@ -207,6 +199,13 @@ class Session:
             pass
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a bug here must not leave a holder believing it holds
+            self._lose("the keep-alive thread failed: %r" % (e,))
+            raise
+
+    def _loop(self) -> None:
         interval = max(0.1, self.ttl / 3.0)
         next_ka = self.ok_at + interval
         watch = None
@@ -261,10 +260,13 @@ class Session:
 
     def _keepalive(self, interval: float) -> float:
         """One keep-alive; returns when the next one is due."""
-        sent = boottime()
+        box = [boottime()]
         try:
+            # A member stuck on a dead leader holds a request ~6 s before answering 503: give each member
+            # a quarter of the TTL, so the others are asked while the lease still lives.
             reply = self.client.call("lease/keepalive", {"ID": str(self.lease)},
-                                     monotonic() + max(0.0, self.expires - sent), min_try=0.0)
+                                     monotonic() + max(0.0, self.expires - box[0]), min_try=0.0,
+                                     attempt=max(0.2, self.ttl / 4.0), sent=box)
         except (FleetUnavailable, EtcdError):
             return boottime() + min(interval, 0.25)  # retry soon: the loss deadline runs on
         result = reply.get("result") or {}
@@ -272,6 +274,7 @@ class Session:
             ttl = int(result.get("TTL") or 0)
         except ValueError:
             ttl = 0
+        sent = box[0]
         if ttl <= 0:
             self._lose("etcd says our lease %x is gone (expired or revoked)" % self.lease)
             return sent
@@ -313,10 +316,11 @@ class EtcdLocker:
         reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
         """
         c = self.client
-        sent = boottime()
-        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline))
+        sent: list = []
+        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline),
+                       sent=sent)
         lease = int(grant["ID"])
-        session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent, self.on_lost)
+        session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], self.on_lost)
         key = self.prefix + b"%x" % lease
         ok = False
         try:
@@ -570,7 +574,7 @@ class EtcdBackend:
             "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)},
                         {"key": b64(key), "target": "LEASE", "lease": str(old)}],
             "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": str(new)}}]}, deadline)
-        if not reply.get("succeeded"):
+        if not reply.get("succeeded") and not self._on_lease(key, fence, new, deadline):
             try:
                 c.call("lease/revoke", {"ID": str(new)}, deadline)
             except (EtcdError, FleetUnavailable):
@@ -578,6 +582,12 @@ class EtcdBackend:
             raise TokenError("no lease etcd-%s on %s: it expired or was released" % (hexid, self.url.display()),
                              reason="gone")
         return expires
+
+    def _on_lease(self, key: bytes, fence: int, lease: int, deadline: float) -> bool:
+        """Whether `key` (still of create revision `fence`) is on `lease`: a retried move whose first try
+        went through (its answer lost) fails its compare, yet is done."""
+        kvs = self.client.call("kv/range", {"key": b64(key)}, deadline).get("kvs") or []
+        return bool(kvs) and int(kvs[0].get("create_revision") or 0) == fence and int(kvs[0].get("lease") or 0) == lease
 
     def _value_with_lease(self, key: bytes, pre: bytes | None, hexid: str, expires: float, deadline: float) -> bytes:
         if pre is None:  # renew: keep the record, update its lease expiry

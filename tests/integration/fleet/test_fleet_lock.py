@@ -182,6 +182,38 @@ def test_the_lease_is_kept_alive_past_its_ttl(etcd):
     assert keys(etcd) == []
 
 
+def _remaining(member, lease: str, endpoints: str) -> int:
+    out = member.etcdctl("lease", "timetolive", lease, endpoints=endpoints).stdout
+    return int(out.split("remaining(")[1].split("s")[0]) if "remaining(" in out else -1
+
+
+def test_a_holder_and_a_waiter_live_through_the_leaders_death(etcd_cluster):
+    """A follower cut off from a dead leader holds requests for seconds: keep-alives and a newcomer's
+    requests move on to another member, and the lease's clock starts from the request that got through."""
+    lock = hostlock.Lock("x", fleet=etcd_cluster.url, ttl=5)
+    lock.acquire()
+    leader = etcd_cluster.leader()
+    leader.kill()
+    alive = [m for m in etcd_cluster.members if m is not leader]
+    others = ",".join(m.endpoint for m in alive)
+    waiter = Waiter(hostlock.Lock("x", fleet=etcd_cluster.url, ttl=5))
+    waiter.start()
+    until(lambda: hostlock.status("x", fleet=etcd_cluster.url).waiters == 1, "the newcomer queued")
+    r = alive[0].etcdctl("get", "--prefix", "hostlock/x/", "--keys-only", "--sort-by=CREATE", endpoints=others)
+    lease = [k for k in r.stdout.split("\n") if k][0].rsplit("/", 1)[1]
+    for _ in range(2):  # two keep-alives answered after the leader died: the holder's lease lives on
+        low = until(lambda: (lambda r: r if 0 <= r <= 3 else None)(_remaining(alive[0], lease, others)),
+                    "the TTL to run down")
+        until(lambda low=low: _remaining(alive[0], lease, others) > low, "a keep-alive")
+    assert not lock.lost and not waiter.held.is_set()
+    fence = lock.fence
+    lock.release()
+    assert waiter.held.wait(WAIT) and waiter.error is None
+    assert waiter.lock.fence > fence
+    waiter.go.set()
+    waiter.join(WAIT)
+
+
 @pytest.mark.parametrize("how", ["delete-key", "revoke-lease", "break"])
 def test_the_holder_learns_it_lost_the_lock(etcd, how):
     lost = threading.Event()
