@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import select
 import threading
 import time
 
@@ -108,7 +109,6 @@ class Session:
         self.why: str | None = None
         self.unavailable = False
         self.key: bytes | None = None
-        self.key_rev = 0
         self._mutex = threading.Lock()
         self._stopped = False
         self._lost = False
@@ -138,9 +138,9 @@ class Session:
             return True
         return False
 
-    def watch_key(self, key: bytes, rev: int) -> None:
-        """Also watch our own key from revision `rev`: deleted or moved to another lease means lost."""
-        self.key, self.key_rev = key, rev
+    def watch_key(self, key: bytes) -> None:
+        """Also watch our own key: deleted or moved to another lease means lost."""
+        self.key = key
         self._poke()
 
     def _poke(self) -> None:
@@ -213,7 +213,7 @@ class Session:
         watch = None
         watching: bytes | None = None
         try:
-            while not self._stopped:
+            while not self._stopped and not self._lost:
                 self._drain()
                 now = boottime()
                 if now >= self.expires:
@@ -229,22 +229,21 @@ class Session:
                     if watch is not None:
                         watch.close()
                     watch, watching = self._open_watch(next_ka)
-                    if watch is None:
-                        continue
+                    if watch is None and not self._lost:
+                        # Could not watch now: try again after a pause (never a hot loop against etcd);
+                        # keep-alives go on meanwhile.
+                        select.select([self._stop_r], [], [], max(0.0, min(0.5, next_ka - boottime())))
+                    continue
                 if watch is None:
-                    import select
-
                     select.select([self._stop_r], [], [], max(0.0, next_ka - boottime()))
                     continue
                 try:
                     evs = watch.events(monotonic() + max(0.0, next_ka - boottime()))
                 except (WatchClosed, OSError):
-                    self.key_rev = max(self.key_rev, watch.revision + 1)
-                    watch.close()
+                    watch.close()  # reopened after reading the key again: nothing in between is missed
                     watch, watching = None, None
                     continue
                 for kind, key, kv in evs or ():
-                    self.key_rev = max(self.key_rev, int(kv.get("mod_revision") or 0) + 1)
                     if key != self.key:
                         continue
                     if kind == "DELETE":
@@ -287,9 +286,21 @@ class Session:
     def _open_watch(self, next_ka: float) -> tuple:
         key = self.key
         assert key is not None
+        deadline = monotonic() + max(0.05, next_ka - boottime())
         try:
-            w = self.client.watch(key, None, self.key_rev, monotonic() + max(0.05, next_ka - boottime()),
-                                  filters=(), wake=(self._stop_r,))
+            # Read the key first, then watch from the revision read: whatever happened before (while the
+            # stream was down, or compacted away) is in the read, whatever happens after is in the stream.
+            reply = self.client.call("kv/range", {"key": b64(key)}, deadline, min_try=0.0,
+                                     attempt=max(0.2, self.ttl / 4.0))
+            kvs = reply.get("kvs") or []
+            if not kvs:
+                self._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                return None, None
+            if int(kvs[0].get("lease") or 0) != self.lease:
+                self._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
+                return None, None
+            rev = int((reply.get("header") or {}).get("revision") or 0)
+            w = self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,))
         except (FleetUnavailable, EtcdError, OSError):
             return None, None
         return w, key
@@ -356,7 +367,7 @@ class EtcdLocker:
                 raise self._gone(session, "our place in the queue of %s vanished while waiting" % self.path)
             me = entries[idx]
             if session.key is None:
-                session.watch_key(key, me.rev + 1)
+                session.watch_key(key)
             ahead = blockers(entries, idx)
             if not ahead:
                 if session.lost:
@@ -375,29 +386,25 @@ class EtcdLocker:
         else:
             target, end = ahead[-1].key, None  # the last one ahead, as etcd's Mutex (waitDeletes)
         interesting = {e.key for e in ahead}
-        start = rev + 1
-        while True:
-            w = self.client.watch(target, end, start, self._net_deadline(deadline), wake=(session.lost_r,))
-            try:
-                while True:
-                    if session.lost:
-                        raise self._gone(session, "lost our place in the queue of %s" % self.path)
-                    try:
-                        evs = w.events(deadline if deadline is not None else monotonic() + 3600.0)
-                    except (WatchClosed, OSError):
-                        start = max(start, w.revision + 1)
-                        break  # reopen, maybe on another member, from where we were
-                    if evs is None:
-                        if deadline is not None and monotonic() >= deadline:
-                            return
-                        continue
-                    if any(kind == "DELETE" and key in interesting for kind, key, _kv in evs):
+        w = self.client.watch(target, end, rev + 1, self._net_deadline(deadline), wake=(session.lost_r,))
+        try:
+            while True:
+                if session.lost:
+                    raise self._gone(session, "lost our place in the queue of %s" % self.path)
+                try:
+                    evs = w.events(deadline if deadline is not None else monotonic() + 3600.0)
+                except (WatchClosed, OSError):
+                    # The stream ended (member down, compaction): the caller reads the queue again and
+                    # watches from there, so no deletion in between can be missed.
+                    return
+                if evs is None:
+                    if deadline is not None and monotonic() >= deadline:
                         return
-                    start = max(start, w.revision + 1)
-            finally:
-                w.close()
-            if deadline is not None and monotonic() >= deadline:
-                return
+                    continue
+                if any(kind == "DELETE" and key in interesting for kind, key, _kv in evs):
+                    return
+        finally:
+            w.close()
 
     def _gone(self, session: Session, what: str) -> HostlockError:
         why = session.why or "our key was deleted"
