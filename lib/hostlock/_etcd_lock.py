@@ -75,6 +75,10 @@ def blockers(entries: list, i: int) -> list:
     if me.mode == "shared":
         return [e for e in before if e.mode != "shared" or e.slots > 1]
     if me.slots > 1:
+        if any(e.slots != me.slots for e in before):
+            # Only takers of the same N share slots: an exclusive holder (etcdctl's too), a reader or another
+            # size ahead is waited for whole, never counted as one slot (it holds alone, or by its own rule).
+            return before
         return before if len(before) >= me.slots else []
     return before
 

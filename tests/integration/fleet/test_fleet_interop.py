@@ -199,3 +199,29 @@ def test_etcdctl_lock_is_a_writer_to_shared_holders(etcd, tmp_path):
         r2.join(WAIT)
     finally:
         ctl.kill()
+
+
+def test_a_slot_taker_never_joins_an_exclusive_holder(etcd, tmp_path):
+    """Every user of one name should agree on its shape (host locks refuse a disagreement); when they do not,
+    exclusion must still hold: a slots=2 taker waits for an exclusive holder (hostlock's or etcdctl's) instead
+    of counting it as one slot of two. Slot takers of one shape still share."""
+    holder = hostlock.Lock("db", fleet=etcd.url)
+    holder.acquire()
+    with pytest.raises(hostlock.LockTimeout):
+        hostlock.Lock("db", slots=2, fleet=etcd.url).acquire(timeout=0)
+    holder.release()
+    ctl = Ctl(etcd, "hostlock/db", tmp_path, "holder")
+    try:
+        ctl.wait_held()
+        with pytest.raises(hostlock.LockTimeout):
+            hostlock.Lock("db", slots=2, fleet=etcd.url).acquire(timeout=0)
+        ctl.release()
+    finally:
+        ctl.kill()
+    one, two = hostlock.Lock("db", slots=2, fleet=etcd.url), hostlock.Lock("db", slots=2, fleet=etcd.url)
+    one.acquire(timeout=0)
+    two.acquire(timeout=0)
+    with pytest.raises(hostlock.LockTimeout):
+        hostlock.Lock("db", slots=2, fleet=etcd.url).acquire(timeout=0)
+    one.release()
+    two.release()
