@@ -1,6 +1,7 @@
 # The `hostlock` command line (lib/hostlock/cli.py, _cli_*.py; manual in docs/cli.md).
 #
-#   make test-cli    integration tests: real processes, real signals, a pty, every Python 3.8-3.13 found (~20 s)
+#   make test-cli    integration tests: real processes, real signals, a pty, every Python 3.8-3.13 found, a real
+#                    etcd for --fleet (installed by etcd-deps, mk/fleet.mk, when missing) (~30 s)
 #   make bench-cli   `hostlock run NAME true` vs flock(1) vs the bare interpreter (benchmarks/cli.py)
 #
 # The in-process unit tests (tests/unit/cli) are part of test-unit, which is in both TEST_TARGETS and
@@ -8,7 +9,7 @@
 
 .PHONY: test-cli test-cli-unit bench-cli
 
-test-cli: venv
+test-cli: venv etcd-deps
 	$(PYTEST) -q $(XDIST) tests/integration/cli $(PYTEST_ARGS)
 
 test-cli-unit: venv

@@ -2,6 +2,7 @@
 #
 #   make test-fleet    real etcd: one member and a 3-member cluster on 127.0.0.1, partitions by proxy
 #   make bench-fleet   benchmarks/fleet.py against etcdctl lock and a plain etcd txn loop (not in make test)
+#   make demo-fleet    two "controllers" (own lock directories, one fleet URL) sharing a lock on a throwaway etcd
 #
 # The etcd binaries come from Debian (etcd-server, etcd-client); installed here when missing.
 
@@ -23,3 +24,9 @@ bench-fleet: venv etcd-deps
 	$(PY) benchmarks/fleet.py --docs docs/benchmarks.md $(BENCH_FLEET_ARGS)
 
 TEST_TARGETS += test-fleet
+
+.PHONY: demo-fleet
+demo-fleet: venv etcd-deps
+	@bash demo/fleet-demo.sh
+
+DEMO_TARGETS += demo-fleet

@@ -3,6 +3,7 @@
 
 _hostlock_names() {
     # Lock names from the lock directory (what 'hostlock list' would show), without running Python.
+    # Not for fleet locks: listing them means asking etcd, too slow for a key press.
     local dir=${HOSTLOCK_DIR:-/run/hostlock} f
     [[ -d $dir ]] || return 0
     for f in "$dir"/*.lock; do
@@ -31,20 +32,20 @@ _hostlock() {
     case ${words[1]} in
         run) opts="--path -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
                    -d --dir --mechanism --label -c --command --time-limit --kill-after --process-group -q --quiet
-                   -v --verbose -h --help" ;;
+                   --fleet --ttl -v --verbose -h --help" ;;
         flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
                      -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
                      --verbose -h --help -V --version --process-group" ;;
         cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --time-limit
                     --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
-                    --process-group -c --command -v --verbose -h --help" ;;
-        status) opts="--path --json --wide -d --dir -h --help" ;;
-        list) opts="--json --wide -d --dir -h --help" ;;
+                    --process-group -c --command --fleet --ttl -v --verbose -h --help" ;;
+        status) opts="--path --json --wide -d --dir --fleet -h --help" ;;
+        list) opts="--json --wide -d --dir --fleet -h --help" ;;
         hold) opts="--lease -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E
-                    --conflict-exit-code --mechanism --label -d --dir --json -h --help" ;;
-        renew) opts="--lease -d --dir --json -h --help" ;;
-        release) opts="-d --dir --json -h --help" ;;
-        break) opts="--force -d --dir --json -h --help" ;;
+                    --conflict-exit-code --mechanism --label -d --dir --fleet --json -h --help" ;;
+        renew) opts="--lease -d --dir --fleet --json -h --help" ;;
+        release) opts="-d --dir --fleet --json -h --help" ;;
+        break) opts="--force -d --dir --fleet --json -h --help" ;;
         gc) opts="--older-than -n --dry-run -d --dir --json -h --help" ;;
         *) return ;;
     esac
@@ -61,8 +62,11 @@ _hostlock() {
         --on-conflict)
             mapfile -t COMPREPLY < <(compgen -W "quiet report fail" -- "$cur")
             return ;;
+        --fleet)
+            [[ -n ${HOSTLOCK_FLEET:-} ]] && mapfile -t COMPREPLY < <(compgen -W "$HOSTLOCK_FLEET" -- "$cur")
+            return ;;
         -w | --wait | --timeout | --time-limit | --kill-after | --lease | --older-than | -E | --conflict-exit-code | --slots \
-            | --label | -c | --command | --start | --length | --name | --syslog-socket)
+            | --label | -c | --command | --start | --length | --name | --syslog-socket | --ttl)
             return ;;
     esac
     if [[ $cur == -* ]]; then

@@ -136,3 +136,20 @@ def wait_until(predicate, timeout=10.0, what="condition"):
 def wait_file(path: Path, timeout=10.0) -> str:
     wait_until(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"{path}")
     return path.read_text()
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """One real etcd member on free ports (tests/fleet_etcd.py, as in tests/integration/fleet), stopped after.
+
+    Skips when the binaries are missing; `make test-cli` installs them first (its etcd-deps prerequisite).
+    """
+    import fleet_etcd  # tests/ is on the import path (pytest.ini)
+
+    if not fleet_etcd.have_etcd():
+        pytest.skip("etcd/etcdctl not installed (make test-cli and make test-fleet install etcd-server, etcd-client)")
+    member = fleet_etcd.start_etcd(str(tmp_path))
+    try:
+        yield member
+    finally:
+        member.stop()

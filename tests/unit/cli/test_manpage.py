@@ -23,6 +23,19 @@ def test_man_page_lists_every_command_and_flock_option():
     for option in _cli_flock._SPEC:
         if option != "-?":
             assert option in text, option
+    for option in ("--fleet", "--ttl", "HOSTLOCK_FENCE", "HOSTLOCK_FLEET"):
+        assert option in text, option
+
+
+def test_man_page_and_manual_list_every_exit_code():
+    from hostlock import _cli_common as c
+
+    codes = {v for k, v in vars(c).items() if k.startswith("EX_") and isinstance(v, int)} - {0}
+    man = (DATA / "hostlock.1").read_text().split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
+    manual = (DATA.parents[2] / "docs" / "cli.md").read_text().split("## Exit status", 1)[1].split("\n## ", 1)[0]
+    for code in codes:
+        assert re.search(r"\b%d\b" % code, man), code
+        assert "| %d |" % code in manual, code
 
 
 @pytest.mark.skipif(shutil.which("groff") is None, reason="groff is not installed")
@@ -49,3 +62,7 @@ def test_bash_completion():
     assert set(_complete("hostlock flock --n")) == {"--nb", "--nonblocking", "--no-fork"}
     assert _complete("hostlock status --pa") == ["--path"]
     assert set(_complete("hostlock run --mechanism ")) == {"auto", "ofd", "flock", "record"}
+    assert _complete("hostlock run --tt") == ["--ttl"]
+    for command in ("run", "cron", "status", "list", "hold", "renew", "release", "break"):
+        assert _complete("hostlock %s --fle" % command) == ["--fleet"], command
+    assert _complete("hostlock gc --fle") == []

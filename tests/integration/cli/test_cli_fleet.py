@@ -1,0 +1,285 @@
+"""`hostlock --fleet`: the command line on fleet locks, against a real etcd (the `etcd` fixture, conftest.py).
+
+Each "controller" is a `hostlock` process with its own lock directory ($HOSTLOCK_DIR): they share nothing but
+the fleet URL. Every wait is on an event (a file the job writes, a waiter etcd lists, a process ending),
+never on a sleep being long enough; nothing asserts on timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import pytest
+from conftest import pid_alive, wait_file, wait_until
+
+HOST = os.uname().nodename
+
+
+def c_quote(word):
+    from hostlock._cli_common import quote
+
+    return quote(word)
+
+
+def controller(cli, name):
+    """The environment of one controller: its own lock directory, no fleet unless given."""
+    d = cli.tmp / ("dir-" + name)
+    d.mkdir(mode=0o700, exist_ok=True)
+    env = dict(cli.env, HOSTLOCK_DIR=str(d))
+    env.pop("HOSTLOCK_FLEET", None)
+    return env
+
+
+def gated(cli, tag, extra=""):
+    """A job that says it started (its fence), then runs until the test creates go-TAG."""
+    started = cli.tmp / ("started-" + tag)
+    go = cli.tmp / ("go-" + tag)
+    script = '%s echo "$HOSTLOCK_FENCE" > %s; while [ ! -e %s ]; do sleep 0.02; done' % (extra, started, go)
+    return script, started, go
+
+
+def status(cli, url, name=None, env=None):
+    r = cli.run("status", "--fleet", url, "--json", *([name] if name else []), env=env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def wait_waiters(cli, url, name, count):
+    wait_until(lambda: status(cli, url, name)["locks"][0]["waiters"] >= count, 60, "%d waiter(s)" % count)
+
+
+def wait_job_recorded(cli, url, name):
+    def recorded():
+        hs = status(cli, url, name)["locks"][0]["holders"]
+        return hs if hs and all(h["job_pid"] for h in hs) else None
+
+    wait_until(recorded, 60, "the job's pid in the owner record")
+    return recorded()
+
+
+def test_two_controllers_with_their_own_directories_take_turns(cli, etcd):
+    inside = cli.tmp / "inside"  # an overlap detector of its own: mkdir fails while another job is inside
+    jobs = {}
+    for tag in ("a", "b"):
+        script, started, go = gated(cli, tag, "mkdir %s || exit 99;" % inside)
+        jobs[tag] = (script + "; rmdir %s" % inside, started, go)
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", jobs["a"][0], env=controller(cli, "a"))
+    wait_file(jobs["a"][1])
+    b = cli.start("run", "--fleet", etcd.url, "-w", "5m", "deploy", "-c", jobs["b"][0], env=controller(cli, "b"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    assert not jobs["b"][1].exists()  # queued behind a, which still runs
+    jobs["a"][2].write_text("")
+    assert a.wait(timeout=60) == 0, a.stderr.read()
+    wait_file(jobs["b"][1])
+    jobs["b"][2].write_text("")
+    assert b.wait(timeout=60) == 0, b.stderr.read()
+    assert int(jobs["b"][1].read_text()) > int(jobs["a"][1].read_text())
+    # Neither controller's own directory holds any lock: the lock was in etcd alone.
+    for tag in ("a", "b"):
+        assert not list((cli.tmp / ("dir-" + tag)).glob("*.lock"))
+
+
+def test_busy_lock_names_the_holder_on_its_host(cli, etcd):
+    script, started, go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    wait_job_recorded(cli, etcd.url, "deploy")
+    r = cli.run("run", "--fleet", etcd.url, "-n", "deploy", "true", env=controller(cli, "b"))
+    assert r.returncode == 75
+    assert r.stderr.startswith("hostlock: lock deploy is busy: held by pid %d on %s running job pid" % (a.pid, HOST))
+    assert r.stderr.count("\n") == 1
+    r = cli.run("run", "--fleet", etcd.url, "-w", "300ms", "-E", "3", "deploy", "true", env=controller(cli, "b"))
+    assert r.returncode == 3 and "(waited 300ms)" in r.stderr
+    # The waiter that gave up left nothing behind: only the holder's key is there.
+    assert status(cli, etcd.url, "deploy")["locks"][0]["waiters"] == 0
+    go.write_text("")
+    assert a.wait(timeout=60) == 0
+
+
+def test_the_job_gets_an_increasing_fence_and_the_fleet(cli, etcd):
+    env = dict(controller(cli, "a"), HOSTLOCK_FLEET=etcd.url)  # the fleet from the environment
+    seen = []
+    for _ in range(3):
+        r = cli.run("run", "deploy", "-c", 'echo "$HOSTLOCK_FENCE $HOSTLOCK_FLEET"', env=env)
+        assert r.returncode == 0, r.stderr
+        fence, fleet = r.stdout.split()
+        assert fleet == etcd.url
+        seen.append(int(fence))
+    assert seen == sorted(set(seen))
+    # --fleet '' forces a host lock whatever the environment says: no fence, a lock file in HOSTLOCK_DIR.
+    r = cli.run("run", "--fleet", "", "deploy", "-c", 'echo "fence=${HOSTLOCK_FENCE-none}"', env=env)
+    assert (r.returncode, r.stdout) == (0, "fence=none\n")
+    assert (cli.tmp / "dir-a" / "deploy.lock").exists()
+
+
+def test_a_revoked_lock_stops_the_job_and_exits_79(cli, etcd):
+    got = cli.tmp / "got-term"
+    script, started, _go = gated(cli, "a", "trap 'echo term > %s; exit 5' TERM;" % got)
+    a = cli.start("run", "--fleet", etcd.url, "--kill-after", "5m", "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    fence = int(started.read_text())
+    r = cli.run("break", "--fleet", etcd.url, "--force", "deploy", env=controller(cli, "b"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("revoked the etcd lease of pid %d on %s" % (a.pid, HOST)), r.stdout
+    assert a.wait(timeout=60) == 79  # whatever the job's own status (5)
+    assert got.read_text() == "term\n"
+    last = a.stderr.read().splitlines()[-1]  # a line before it may be the job's (sh: "Terminated")
+    assert last.startswith("hostlock: lost lock 'deploy' in %s/hostlock/deploy/: " % etcd.url), last
+    assert "; fence %d; job stopped, exit status 5 after " % fence in last
+
+
+def test_a_deleted_key_stops_the_job_and_exits_79(cli, etcd):
+    script, started, _go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "--kill-after", "0", "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    r = etcd.etcdctl("del", "--prefix", "hostlock/deploy/")
+    assert r.returncode == 0 and r.stdout.strip() == "1", r.stdout + r.stderr
+    assert a.wait(timeout=60) == 79
+    assert "hostlock: lost lock 'deploy'" in a.stderr.read()
+
+
+def test_break_without_force_removes_nothing_and_says_who_holds(cli, etcd):
+    script, started, go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    r = cli.run("break", "--fleet", etcd.url, "deploy")
+    assert r.returncode == 75
+    assert "nothing to remove from deploy" in r.stdout and "use --force to revoke its lease" in r.stdout
+    go.write_text("")
+    assert a.wait(timeout=60) == 0
+    r = cli.run("break", "--fleet", etcd.url, "deploy", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["remaining"] == []
+
+
+def test_cron_reports_a_lost_lock_as_a_failure(cli, etcd):
+    ready = cli.tmp / "ready"
+    job = "echo some output; trap 'echo cleaned up; exit 0' TERM; echo > %s; while :; do sleep 0.02; done" % ready
+    a = cli.start("cron", "--fleet", etcd.url, "--name", "nightly", "--", "sh", "-c", job, env=controller(cli, "a"))
+    wait_file(ready)
+    assert cli.run("break", "--fleet", etcd.url, "--force", "nightly").returncode == 0
+    assert a.wait(timeout=60) == 79  # the job itself exited 0 after its SIGTERM
+    out = a.stdout.read().splitlines()  # the captured output, the job's stdout and stderr interleaved
+    assert out[0] == "some output" and out[-1] == "cleaned up"  # (sh may say "Terminated" in between)
+    last = a.stderr.read().splitlines()[-1]
+    assert last.startswith("hostlock: cron nightly: lost lock 'nightly' in "), last
+    assert "; job stopped, exit status 0 after " in last and last.endswith(": sh -c " + c_quote(job))
+
+
+def test_sigterm_to_hostlock_reaches_the_job_while_the_keepalive_thread_runs(cli, etcd):
+    script, started, _go = gated(cli, "a", "trap 'exit 7' TERM;")
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    os.kill(a.pid, signal.SIGTERM)
+    assert a.wait(timeout=60) == 7  # forwarded, not hostlock killed by a signal its keep-alive thread took
+
+
+def test_hostlock_killed_kills_the_job_and_the_lease_frees_the_lock(cli, etcd):
+    jobpid = cli.tmp / "jobpid"
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "deploy", "-c",
+                  "echo $$ > %s; while :; do sleep 0.02; done" % jobpid, env=controller(cli, "a"))
+    pid = int(wait_file(jobpid))
+    # The next holder checks that the old job is gone by the time it runs.
+    b = cli.start("run", "--fleet", etcd.url, "-w", "5m", "deploy", "-c",
+                  "if kill -0 %d 2>/dev/null; then echo overlap; exit 98; fi; echo ok" % pid, env=controller(cli, "b"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    os.kill(a.pid, signal.SIGKILL)  # hostlock alone: its watcher kills the job; nobody releases the lock
+    wait_until(lambda: not pid_alive(pid), 60, "the job killed by the watcher")
+    assert b.wait(timeout=120) == 0, b.stdout.read() + b.stderr.read()  # the lease expired: the lock is free
+    assert b.stdout.read() == "ok\n"
+
+
+def test_a_stopped_hostlock_learns_on_resuming_that_its_lock_is_gone(cli, etcd):
+    got = cli.tmp / "got-term"
+    script, started, _go = gated(cli, "a", "trap 'echo term > %s; exit 0' TERM;" % got)
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    os.kill(a.pid, signal.SIGSTOP)  # hostlock alone: its lease expires, its job runs on
+    try:
+        b = cli.run("run", "--fleet", etcd.url, "-w", "5m", "deploy", "-c", 'echo "$HOSTLOCK_FENCE"',
+                    env=controller(cli, "b"), timeout=300)
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    assert b.returncode == 0, b.stderr
+    assert int(b.stdout) > int(started.read_text())  # the new holder's fence is greater
+    assert a.wait(timeout=60) == 79
+    assert got.read_text() == "term\n"
+
+
+def test_an_unreachable_fleet_is_76_naming_the_endpoint(cli):
+    with socket.socket() as s:  # bound, never listening: connections are refused while we keep the port
+        s.bind(("127.0.0.1", 0))
+        endpoint = "127.0.0.1:%d" % s.getsockname()[1]
+        for wait in (["-n"], ["-w", "1s"]):
+            r = cli.run("run", "--fleet", "etcd://" + endpoint, *wait, "deploy", "true", env=controller(cli, "a"))
+            assert r.returncode == 76, r.stderr
+            assert endpoint in r.stderr and r.stderr.count("\n") == 1
+        r = cli.run("status", "--fleet", "etcd://" + endpoint)
+        assert r.returncode == 76 and endpoint in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_a_stopped_member_is_76_within_the_wait(cli, etcd):
+    etcd.stop()
+    r = cli.run("run", "--fleet", etcd.url, "-w", "1s", "deploy", "true", env=controller(cli, "a"))
+    assert r.returncode == 76 and etcd.endpoint in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:2379", "etcd://", "etcd://h:notaport", "etcd://h:1?bogus=1"])
+def test_a_bad_url_is_64_and_one_line(cli, url):
+    r = cli.run("run", "--fleet", url, "deploy", "true", env=controller(cli, "a"))
+    assert r.returncode == 64 and r.stderr.count("\n") == 1 and r.stderr.startswith("hostlock"), r.stderr
+
+
+def test_status_and_list_show_holders_and_waiters(cli, etcd):
+    script, started, go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "--label", "nightly", "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    b = cli.start("run", "--fleet", etcd.url, "-w", "5m", "deploy", "true", env=controller(cli, "b"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    [h] = wait_job_recorded(cli, etcd.url, "deploy")
+    doc = status(cli, etcd.url, "deploy")
+    assert doc["schema"] == "hostlock.status/1" and doc["fleet"] == etcd.url and doc["directory"] is None
+    [lock] = doc["locks"]
+    assert (lock["name"], lock["mechanism"], lock["state"], lock["waiters"]) == ("deploy", "etcd", "held", 1)
+    assert lock["path"] == etcd.url + "/hostlock/deploy/"
+    assert (h["pid"], h["hostname"], h["mode"], h["label"]) == (a.pid, HOST, "exclusive", "nightly")
+    assert h["fence"] == int(started.read_text()) and h["user"] and h["acquired_at"]
+    assert "sh -c" in h["job_cmdline"]
+    names = [lk["name"] for lk in status(cli, etcd.url)["locks"]]
+    assert names == ["deploy"]
+    r = cli.run("list", "--fleet", etcd.url)
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[0] == "fleet: %s/hostlock/" % etcd.url
+    assert lines[1].split() == ["LOCK", "STATE", "MODE", "HOST", "PID", "USER", "SINCE", "LEASE", "FENCE", "WAIT",
+                                "JOB"]
+    row = lines[2].split()
+    assert row[:5] == ["deploy", "held", "exclusive", HOST, str(a.pid)] and str(h["fence"]) in row
+    go.write_text("")
+    assert a.wait(timeout=60) == 0 and b.wait(timeout=60) == 0
+    r = cli.run("status", "--fleet", etcd.url, "deploy")
+    assert r.returncode == 0 and r.stdout.splitlines()[2].split()[:2] == ["deploy", "free"]
+
+
+def test_hold_renew_release(cli, etcd):
+    env = controller(cli, "a")
+    r = cli.run("hold", "deploy", "--lease", "1m", "--fleet", etcd.url, "--label", "release 4.2", env=env)
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    assert token.startswith("hostlock-etcd.") and r.stdout.count("\n") == 1
+    # The lease outlives the command: the lock is held with no hostlock process left running.
+    r = cli.run("run", "--fleet", etcd.url, "-n", "deploy", "true", env=controller(cli, "b"))
+    assert r.returncode == 75 and "release 4.2" in r.stderr
+    r = cli.run("renew", "deploy", token, "--lease", "2m", "--fleet", etcd.url, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "hostlock.lease/1" and doc["fleet"] == etcd.url and doc["lease_expires"]
+    r = cli.run("release", "deploy", "-", "--fleet", etcd.url, input=token + "\n", env=env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert cli.run("run", "--fleet", etcd.url, "-n", "deploy", "true", env=env).returncode == 0
+    r = cli.run("release", "deploy", token, "--fleet", etcd.url, env=env)
+    assert r.returncode == 77 and r.stderr.count("\n") == 1
+    r = cli.run("renew", "deploy", "not-a-token", "--fleet", etcd.url, env=env)
+    assert r.returncode == 77 and r.stderr.count("\n") == 1
