@@ -358,9 +358,9 @@ def cmd_status_fleet(ns: argparse.Namespace) -> int:
     """status [NAME] / list with a fleet: the same table with HOST and FENCE, or the same JSON shape."""
     name = getattr(ns, "name", None)
     if name:
-        statuses = [status(name, fleet=ns.fleet_url)]  # type: ignore[call-arg]
+        statuses = [status(name, fleet=ns.fleet_url)]
     else:
-        statuses = sorted(list_locks(fleet=ns.fleet_url), key=lambda s: s.name)  # type: ignore[call-arg]
+        statuses = sorted(list_locks(fleet=ns.fleet_url), key=lambda s: s.name)
     if ns.json:
         _print_json({"schema": STATUS_SCHEMA, **_where_json(ns), "locks": [lock_json(s) for s in statuses]})
         return 0
@@ -518,8 +518,8 @@ def cmd_break_fleet(ns: argparse.Namespace) -> int:
     --force acts: it revokes the holders' leases, which frees the lock at once; each holder's hostlock
     learns it from its keep-alive and stops its job (exit 79). Then says who holds the lock now: a
     waiter may already have taken it (exit 75, as for any remaining holder)."""
-    removed = break_lock(ns.name, fleet=ns.fleet_url, force=ns.force)  # type: ignore[call-arg]
-    st = status(ns.name, fleet=ns.fleet_url)  # type: ignore[call-arg]
+    removed = break_lock(ns.name, fleet=ns.fleet_url, force=ns.force)
+    st = status(ns.name, fleet=ns.fleet_url)
     remaining = st.holders
 
     def ident(h: Holder) -> object:

@@ -39,8 +39,8 @@ BREAK_SCHEMA = "hostlock.break/1"
 GC_SCHEMA = "hostlock.gc/1"
 
 _EPILOG = ("exit status: 0 ok; 64 usage; 65 lock error; 66 cannot open the lock directory or file; "
-           "71 OS error; 73 read-only or full file system; 75 (or -E CODE) lock busy; "
-           "77 wrong or expired token, or another user's lock")
+           "71 OS error; 73 read-only or full file system; 75 (or -E CODE) lock busy; 76 the fleet (etcd) "
+           "unavailable; 77 wrong or expired token, or another user's lock")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,6 +90,11 @@ def _add_dir(p: argparse.ArgumentParser) -> None:
                    "/run/hostlock, or a per-user directory)")
 
 
+def _add_fleet(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fleet", metavar="URL", help="fleet locks on etcd: etcd://HOST:PORT[,HOST:PORT...][/PREFIX] "
+                   "(default: $HOSTLOCK_FLEET; '' = host locks; docs/fleet.md)")
+
+
 def _add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in docs/cli.md)")
 
@@ -103,6 +108,7 @@ def _build(command: str) -> argparse.ArgumentParser:
             p.add_argument("--path", metavar="FILE", help="instead of a named lock: who holds kernel locks "
                            "(flock(2), POSIX, OFD) on FILE, e.g. one flock(1) locks, and the job each runs")
         _add_dir(p)
+        _add_fleet(p)
         _add_json(p)
         p.add_argument("-w", "--wide", action="store_true", help="do not shorten command lines")
     elif command == "hold":
@@ -127,6 +133,7 @@ def _build(command: str) -> argparse.ArgumentParser:
         p.add_argument("--mechanism", choices=("auto", "ofd", "flock", "record"), default="auto")
         p.add_argument("--label", metavar="TEXT", help="free text shown by 'hostlock status'")
         _add_dir(p)
+        _add_fleet(p)
         _add_json(p)
     elif command in ("renew", "release"):
         what = "Extend the lease on" if command == "renew" else "Release the lease on"
@@ -138,6 +145,7 @@ def _build(command: str) -> argparse.ArgumentParser:
             p.add_argument("--lease", type=_duration, metavar="DURATION",
                            help="new length from now (default: the lease's original length)")
         _add_dir(p)
+        _add_fleet(p)
         _add_json(p)
     elif command == "gc":
         p = _parser(command, "Remove the files of locks nobody holds or waits for and nobody has used for "
@@ -147,13 +155,16 @@ def _build(command: str) -> argparse.ArgumentParser:
                        help="unused for at least this long (default 7d)")
         p.add_argument("-n", "--dry-run", action="store_true", help="only say what would be removed")
         _add_dir(p)
+        p.add_argument("--fleet", metavar="URL", help=argparse.SUPPRESS)  # refused with a reason, not unknown
         _add_json(p)
     else:  # break
         p = _parser(command, "Remove provably stale state of lock NAME (dead holders, ended leases) and say "
                     "what was removed. --force also ends live holders: your own, or anyone's as root.")
         p.add_argument("name", metavar="NAME")
-        p.add_argument("--force", action="store_true", help="also end live holders (leases, processes)")
+        p.add_argument("--force", action="store_true", help="also end live holders (leases, processes); "
+                       "with --fleet: revoke the holders' etcd leases")
         _add_dir(p)
+        _add_fleet(p)
         _add_json(p)
     return p
 
@@ -165,6 +176,7 @@ def main_admin(command: str, args: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else c.EX_USAGE
     try:
+        _check_fleet(command, ns)
         return _COMMANDS[command](ns)
     except c.UsageError as exc:
         return c.usage_error(str(exc), command)
@@ -178,6 +190,26 @@ def main_admin(command: str, args: list[str]) -> int:
         name = getattr(ns, "name", None)
         c.say("%s%s: %s" % (command, " %s" % name if name else "", c.describe_error(exc)))
         return code
+
+
+def _check_fleet(command: str, ns: argparse.Namespace) -> None:
+    """Settle host or fleet (ns.fleet_url), refusing options of the other kind before any I/O (64).
+
+    gc and status --path work on this host's files alone: they refuse a fleet given with --fleet, and
+    ignore $HOSTLOCK_FLEET (nothing of theirs is in etcd; a fleet key ends with its lease).
+    """
+    given = getattr(ns, "fleet", None)
+    if command == "gc" or getattr(ns, "path", None) is not None:
+        ns.fleet_url = None
+        if given:
+            raise c.UsageError("--fleet does not apply: %s" % (
+                "gc removes a lock directory's unused files (an etcd key ends with its lease)" if command == "gc"
+                else "--path shows the kernel locks on a file of this host"))
+        return
+    ns.fleet_url = c.fleet_arg(given)
+    if ns.fleet_url is not None:
+        c.refuse_host_options({"--dir": getattr(ns, "dir", None) is not None,
+                               "--mechanism": getattr(ns, "mechanism", "auto") != "auto"}, given, ns.fleet_url)
 
 
 # ------------------------------------------------------------------------------------------ status/list
@@ -215,14 +247,23 @@ def _shorten(text: str, width: int, wide: bool) -> str:
     return text if wide or len(text) <= width else text[:width - 3] + "..."
 
 
-def table(statuses: list[LockStatus], wide: bool) -> str:
-    """The people's view: one row per holder (a free lock gets one row), columns sized to fit."""
+def table(statuses: list[LockStatus], wide: bool, fleet: bool = False) -> str:
+    """The people's view: one row per holder (a free lock gets one row), columns sized to fit.
+
+    Fleet locks add HOST (a pid means nothing without it) and FENCE (the holder's fencing token).
+    """
     now = time.time()
     rows = [["LOCK", "STATE", "MODE", "PID", "USER", "SINCE", "LEASE", "WAIT", "JOB"]]
+    if fleet:
+        rows[0][3:3] = ["HOST"]
+        rows[0][-2:-2] = ["FENCE"]
     for st in statuses:
         state = _state(st)
         if not st.holders:
             rows.append([st.name, state, "-", "-", "-", "-", "-", str(st.waiters), "-"])
+            if fleet:
+                rows[-1][3:3] = ["-"]
+                rows[-1][-2:-2] = ["-"]
             continue
         for i, h in enumerate(st.holders):
             mode = h.mode or "?"
@@ -251,6 +292,10 @@ def table(statuses: list[LockStatus], wide: bool) -> str:
                 str(st.waiters) if i == 0 else "",
                 _shorten(job, 60, wide),
             ])
+            if fleet:
+                fence = getattr(h, "fence", None)
+                rows[-1][3:3] = [h.hostname or "?"]
+                rows[-1][-2:-2] = [str(fence) if fence is not None else "-"]
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines = []
     for r in rows:
@@ -262,6 +307,18 @@ def _directory(ns: argparse.Namespace) -> str:
     return ns.dir if ns.dir else default_directory()
 
 
+def _where(ns: argparse.Namespace) -> dict[str, Any]:
+    """The engine's keyword for where the lock lives: fleet=URL, or directory=DIR."""
+    return {"fleet": ns.fleet_url} if ns.fleet_url else {"directory": _directory(ns)}
+
+
+def _where_json(ns: argparse.Namespace) -> dict[str, Any]:
+    """The JSON documents' "directory" (null for a fleet) and, for a fleet, "fleet": the URL."""
+    if ns.fleet_url:
+        return {"directory": None, "fleet": ns.fleet_url}
+    return {"directory": _directory(ns)}
+
+
 def cmd_status(ns: argparse.Namespace) -> int:
     """status [NAME] / list: the table, or {"schema", "directory", "locks": [...]}."""
     name = getattr(ns, "name", None)
@@ -269,6 +326,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
         if name:
             raise c.UsageError("give a lock NAME or --path FILE, not both")
         return cmd_status_path(ns)
+    if ns.fleet_url:
+        return cmd_status_fleet(ns)
     directory = _directory(ns)
     exists = os.path.isdir(directory)
     if not exists and ns.dir:  # an explicit --dir that does not exist is a typo, not "no locks"
@@ -293,6 +352,26 @@ def cmd_status(ns: argparse.Namespace) -> int:
         for what in [s.problem] + [h.problem for h in s.holders if h.problem and h.problem != s.problem]:
             if what:
                 out += "%s: %s: %s\n" % ("refused" if s.state == "refused" else "warning", s.name, what)
+    c.write_out(out)
+    return 0
+
+
+def cmd_status_fleet(ns: argparse.Namespace) -> int:
+    """status [NAME] / list with a fleet: the same table with HOST and FENCE, or the same JSON shape."""
+    name = getattr(ns, "name", None)
+    if name:
+        statuses = [status(name, fleet=ns.fleet_url)]
+    else:
+        statuses = sorted(list_locks(fleet=ns.fleet_url), key=lambda s: s.name)
+    if ns.json:
+        _print_json({"schema": STATUS_SCHEMA, **_where_json(ns), "locks": [lock_json(s) for s in statuses]})
+        return 0
+    prefix = statuses[0].path.rsplit("/", 2)[0] + "/" if statuses else ns.fleet_url
+    out = "fleet: %s\n" % prefix
+    out += table(statuses, ns.wide, fleet=True) if statuses else "no locks\n"
+    for s in statuses:
+        if s.problem:
+            out += "warning: %s: %s\n" % (s.name, s.problem)
     c.write_out(out)
     return 0
 
@@ -338,10 +417,10 @@ def _token(ns: argparse.Namespace) -> str:
     return token
 
 
-def _lease_of(name: str, directory: str, token_hint: str | None = None) -> float | None:
+def _lease_of(name: str, where: dict[str, Any], token_hint: str | None = None) -> float | None:
     """Expiry of our lease, read back from status (hold() returns only the token)."""
     try:
-        st = status(name, directory=directory)
+        st = status(name, **where)
     except Exception:
         return None
     mine = [h for h in st.holders if h.lease_expires is not None and h.uid == os.getuid()]
@@ -352,13 +431,17 @@ def _lease_of(name: str, directory: str, token_hint: str | None = None) -> float
 
 
 def cmd_hold(ns: argparse.Namespace) -> int:
-    """hold: print the token on stdout (alone, so TOKEN=$(hostlock hold ...) works), or JSON."""
-    directory = _directory(ns)
-    token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, directory=directory,
-                 timeout=ns.wait, mechanism=ns.mechanism, label=ns.label)
+    """hold: print the token on stdout (alone, so TOKEN=$(hostlock hold ...) works), or JSON.
+
+    With a fleet the lease is one etcd lease with TTL = --lease: no holder process is left behind.
+    """
+    where = _where(ns)
+    extra = {} if ns.fleet_url else {"mechanism": ns.mechanism}
+    token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, timeout=ns.wait, label=ns.label,
+                 **where, **extra)
     if ns.json:
-        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "token": token,
-                     "lease": ns.lease, "lease_expires": _lease_of(ns.name, directory, token)})
+        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, **_where_json(ns), "token": token,
+                     "lease": ns.lease, "lease_expires": _lease_of(ns.name, where, token)})
     else:
         c.write_out(token + "\n")
     return 0
@@ -366,10 +449,9 @@ def cmd_hold(ns: argparse.Namespace) -> int:
 
 def cmd_renew(ns: argparse.Namespace) -> int:
     """renew: print the new expiry."""
-    directory = _directory(ns)
-    expires = renew(ns.name, _token(ns), lease=ns.lease, directory=directory)
+    expires = renew(ns.name, _token(ns), lease=ns.lease, **_where(ns))
     if ns.json:
-        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "lease_expires": expires})
+        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, **_where_json(ns), "lease_expires": expires})
     else:
         c.write_out("lease on %s renewed until %s\n" % (ns.name, c.format_time(expires)))
     return 0
@@ -377,10 +459,9 @@ def cmd_renew(ns: argparse.Namespace) -> int:
 
 def cmd_release(ns: argparse.Namespace) -> int:
     """release: silent on success, like rm."""
-    directory = _directory(ns)
-    release(ns.name, _token(ns), directory=directory)
+    release(ns.name, _token(ns), **_where(ns))
     if ns.json:
-        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, "directory": directory, "released": True})
+        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, **_where_json(ns), "released": True})
     return 0
 
 
@@ -389,6 +470,8 @@ def cmd_release(ns: argparse.Namespace) -> int:
 
 def cmd_break(ns: argparse.Namespace) -> int:
     """break: say what was removed or ended and exactly what the kernel still holds (exit 75 if anything)."""
+    if ns.fleet_url:
+        return cmd_break_fleet(ns)
     directory = _directory(ns)
     removed = break_lock(ns.name, directory=directory, force=ns.force)  # waits for ended holders to exit
     st = status(ns.name, directory=directory)
@@ -430,6 +513,47 @@ def cmd_break(ns: argparse.Namespace) -> int:
     if st.problem:  # the same codes `run` gives for this path: a corrupt file, or something planted there
         return c.EX_DATAERR if st.corrupt else c.EX_NOINPUT
     return 0
+
+
+def cmd_break_fleet(ns: argparse.Namespace) -> int:
+    """break --fleet: nothing in etcd is ever stale (a dead holder's key ends with its lease), so only
+    --force acts: it revokes the holders' leases, which frees the lock at once; each holder's hostlock
+    learns it from its keep-alive and stops its job (exit 79). Then says who holds the lock now: a
+    waiter may already have taken it (exit 75, as for any remaining holder)."""
+    removed = break_lock(ns.name, fleet=ns.fleet_url, force=ns.force)
+    st = status(ns.name, fleet=ns.fleet_url)
+    remaining = st.holders
+
+    def ident(h: Holder) -> object:
+        return getattr(h, "fence", None) or (h.hostname, h.pid)  # a fence names one key, on any host
+
+    left = {ident(h) for h in remaining}
+    if ns.json:
+        _print_json({"schema": BREAK_SCHEMA, "name": ns.name, **_where_json(ns),
+                     "removed": [h.to_json() for h in removed if ident(h) not in left],
+                     "remaining": [h.to_json() for h in remaining], "problem": st.problem})
+    else:
+        out = ["revoked the etcd lease of %s" % _fleet_holder(h) for h in removed]
+        if not removed:
+            out.append("nothing to remove from %s%s" % (ns.name, "" if ns.force else
+                                                        " (nothing in etcd is stale: a dead holder's key ends "
+                                                        "with its lease)"))
+        revoked = {ident(h) for h in removed}
+        for h in remaining:
+            why = "its lease is still there after the revoke" if ident(h) in revoked else (
+                "a new holder" if ns.force else "use --force to revoke its lease")
+            out.append("still held by %s (%s)" % (_fleet_holder(h), why))
+        c.write_out("\n".join(out) + "\n")
+    return c.EX_TEMPFAIL if remaining else 0
+
+
+def _fleet_holder(h: Holder) -> str:
+    """A fleet holder for people: 'pid 12 on web1 (user root, backup.sh, since 02:00:01), fence 42'."""
+    text = h.describe()
+    if h.hostname and " on %s" % h.hostname not in text:
+        text = text.replace("pid %s" % h.pid, "pid %s on %s" % (h.pid, h.hostname), 1)
+    fence = getattr(h, "fence", None)
+    return text + (", fence %s" % fence if fence is not None else "")
 
 
 def cmd_gc(ns: argparse.Namespace) -> int:

@@ -26,8 +26,12 @@ EX_UNAVAILABLE = 69  # the command could not be executed
 EX_OSERR = 71  # operating-system error (out of memory, out of descriptors, fork failed)
 EX_CANTCREAT = 73  # read-only file system, disk full
 EX_TEMPFAIL = 75  # default exit code on conflict: "did not run, try later" (lckdo's choice; flock: -E 1)
+EX_FLEET = 76  # the fleet (etcd) was unavailable within the wait: unreachable, no quorum, auth refused
 EX_NOPERM = 77  # wrong or expired lease token; another user's lock
+EX_LOST = 79  # the fleet lock was lost while the job ran: the job was stopped, whatever its own status
 EX_TIMEOUT = 124  # the job ran longer than --time-limit (timeout(1)'s code)
+
+FLEET_ENV = "HOSTLOCK_FLEET"  # the default of --fleet; empty or unset: host locks
 
 CONFLICT_DEFAULT = EX_TEMPFAIL
 
@@ -68,6 +72,32 @@ def usage_error(message: str, command: str = "") -> int:
     return EX_USAGE
 
 
+def fleet_arg(value: str | None) -> str | None:
+    """The fleet in effect: --fleet URL if given, else $HOSTLOCK_FLEET; '' (from either) means host locks."""
+    if value is None:
+        value = os.environ.get(FLEET_ENV, "")
+    return value or None
+
+
+def fleet_source(given: str | None) -> str:
+    """Where the fleet in effect came from, for messages: '--fleet' or '$HOSTLOCK_FLEET'."""
+    return "--fleet" if given else "$" + FLEET_ENV
+
+
+def refuse_host_options(options: dict[str, bool], given: str | None, fleet: str, command: str = "") -> None:
+    """UsageError if any option of `options` (name -> present) is present: they are for host locks only.
+
+    A fleet lock has no directory, mechanism or file; such an option beside a fleet (even one that came
+    from $HOSTLOCK_FLEET) is a contradiction, never a silent fall-back to a lock only this host sees.
+    """
+    present = [opt for opt, there in options.items() if there]
+    if present:
+        raise UsageError("%s %s for host locks, not a fleet lock (%s %s): drop %s, or give --fleet '' for a "
+                         "host lock" % (" and ".join(present), "is" if len(present) == 1 else "are",
+                                        fleet_source(given), fleet, "it" if len(present) == 1 else "them"),
+                         command)
+
+
 def errno_exit_code(err: int | None, default: int) -> int:
     """Exit code for an errno the way flock(1) maps open failures: 73 read-only/full, 71 resources."""
     if err in (_errno.EROFS, _errno.ENOSPC, _errno.EDQUOT):
@@ -81,8 +111,12 @@ def error_exit_code(exc: BaseException) -> int:
     """Exit code of an engine or OS error; LockTimeout is handled by callers (it is -E CODE)."""
     from . import _error as e  # already imported by the package; a plain module lookup
 
-    if isinstance(exc, (e.InvalidName, e.InvalidDuration)):
+    if isinstance(exc, (e.InvalidName, e.InvalidDuration, e.InvalidFleetURL)):
         return EX_USAGE
+    if isinstance(exc, e.FleetUnavailable):
+        return EX_FLEET
+    if isinstance(exc, e.LockLost):
+        return EX_LOST
     if isinstance(exc, e.TokenError):
         return EX_NOPERM
     if isinstance(exc, e.CorruptLockFile):

@@ -12,8 +12,8 @@ import os
 import time
 
 from . import _cli_common as c
-from ._cli_options import CRON_HELP, Options, job_of, make_lock, parse, recorder
-from ._supervise import supervise
+from ._cli_options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
+from ._supervise import supervise, waker
 
 
 def _fnv1a32(data: bytes) -> int:
@@ -119,9 +119,9 @@ def main_cron(args: list[str]) -> int:
 
     cmdline = c.join_command(o.command)
     try:
-        lock = make_lock(o)
+        lock = make_lock(o, waker() if o.fleet is not None else None)  # see _cli_run
         if o.verbose:
-            c.say("cron job lock %s in %s" % (o.name, lock.directory))
+            c.say("cron job lock %s in %s" % (o.name, where(lock)))
         lock.acquire(timeout=o.wait)
     except LockTimeout as exc:
         text = c.conflict_text(o.name, exc, o.wait)
@@ -143,7 +143,14 @@ def main_cron(args: list[str]) -> int:
             _syslog(o, True, "cron %s: cannot lock: %s" % (o.name, c.describe_error(exc)))
         return code
     capture = -1
+    lost = None  # the line saying the fleet lock was lost, if it was
     try:
+        if o.fleet is not None and lock.lost:  # lost before the job could start: never start it unlocked
+            text = lost_text(o, lock, None)
+            c.say("cron %s: %s: %s" % (o.name, text, cmdline))
+            if o.syslog:
+                _syslog(o, True, "cron %s: %s" % (o.name, text))
+            return c.EX_LOST
         try:
             capture = _capture_file()
         except OSError as exc:  # never lose output: run uncaptured and say why
@@ -155,14 +162,16 @@ def main_cron(args: list[str]) -> int:
             if o.syslog:
                 _syslog(o, True, "cron %s: cannot start: %s" % (o.name, c.describe_error(exc)))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
+        if o.fleet is not None and (outcome.aborted or lock.lost):
+            lost = lost_text(o, lock, outcome.describe())
     finally:
         try:
             lock.release()
         except Exception:
             pass
-    code = outcome.exit_code()
+    code = c.EX_LOST if lost else outcome.exit_code()  # a lost lock fails the run, whatever the job's status
     failed = code != 0
-    summary = "cron %s: %s: %s" % (o.name, outcome.describe(), cmdline)
+    summary = "cron %s: %s: %s" % (o.name, lost or outcome.describe(), cmdline)
     if failed:
         if capture >= 0:
             _copy_out(capture)

@@ -395,6 +395,12 @@ def run_command(o: Options, fd: int) -> int:
 
 def main_flock(args: list[str]) -> int:
     """hostlock flock: flock(1)'s exit status in every case (docs/cli.md has the table)."""
+    for arg in args:  # the options before FILE; flock(1) has no --fleet, so this changes no valid command line
+        if arg == "--fleet" or arg.startswith("--fleet="):
+            return _bad("--fleet does not apply: flock locks FILE on this host (a fleet lock is "
+                        "'hostlock run --fleet URL NAME COMMAND')")
+        if arg == "--" or not arg.startswith("-"):
+            break
     try:
         o = parse(args)
         # Like flock(1), a keyboard SIGINT while waiting kills us (Python would raise KeyboardInterrupt).

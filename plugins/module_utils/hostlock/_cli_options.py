@@ -40,11 +40,18 @@ lock options:
   --label TEXT             free text shown by 'hostlock status'
   --path FILE              instead of NAME: lock FILE as flock(1) does (flock(2); --mechanism ofd: OFD
                            fcntl locks), excluding flock(1) users of FILE; 'status --path FILE' shows it
+fleet options (one lock across hosts, on etcd; docs/fleet.md):
+  --fleet URL              etcd://HOST:PORT[,HOST:PORT...][/PREFIX] (default: $HOSTLOCK_FLEET; '' = host
+                           locks). The job gets HOSTLOCK_FENCE and HOSTLOCK_FLEET; if the lock is lost
+                           it is stopped (SIGTERM, SIGKILL after --kill-after) and hostlock exits 79.
+                           --dir, --mechanism and --path do not apply
+  --ttl DURATION           the lock's etcd lease: how long it outlives a dead hostlock (default 10s)
 job options:
   -c, --command CMD        run CMD with /bin/sh -c
   --time-limit DURATION    the most the job may run: then SIGTERM, exit code 124 (--timeout is
                            refused: in flock(1) it means --wait)
-  --kill-after DURATION    SIGKILL this long after the timeout's SIGTERM (default 10s)
+  --kill-after DURATION    SIGKILL this long after the SIGTERM of --time-limit or of a lost fleet lock
+                           (default 10s)
   --process-group MODE     auto (default: own group unless in a terminal's foreground), new, same
 other:
   -q, --quiet              no message when the lock is busy (like flock -n)
@@ -53,7 +60,8 @@ other:
 
 exit status: the job's own status; 128+N if it died of signal N; 124 after --time-limit; the conflict code
 (-E, default 75) if the lock was busy; 64 usage; 65 lock error; 66 cannot open the lock file or
-directory; 69 cannot execute the command; 71 OS error; 73 read-only or full file system.
+directory; 69 cannot execute the command; 71 OS error; 73 read-only or full file system; 76 the fleet
+(etcd) unavailable within the wait; 79 the fleet lock was lost while the job ran.
 """
 
 CRON_HELP = """\
@@ -75,13 +83,14 @@ signal, timeout) they are printed followed by one line with the status, so cron 
   --kill-after DURATION
   --syslog                 write one line per run to syslog (/dev/log): started job's result or skip
   --syslog-socket PATH     syslog socket to use (implies --syslog)
-  -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD, --path FILE:
-                           as for run
+  -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD, --path FILE,
+  --fleet URL, --ttl DURATION:
+                           as for run (a lost fleet lock is a failure: output, one line, exit 79)
   -v, --verbose            say what happens, on stderr (cron mails it)
   -h, --help               show this help
 
-exit status: as for run (the job's status, 128+N, 124 after --time-limit), and on conflict 0 (quiet, report)
-or 75 (fail), or -E CODE.
+exit status: as for run (the job's status, 128+N, 124 after --time-limit, 76 fleet unavailable, 79 fleet
+lock lost), and on conflict 0 (quiet, report) or 75 (fail), or -E CODE.
 """
 
 
@@ -90,7 +99,7 @@ class Options:
 
     __slots__ = ("name", "mode", "slots", "wait", "conflict_code", "directory", "mechanism", "label",
                  "command", "shell", "timeout", "kill_after", "pgroup", "quiet", "verbose", "help",
-                 "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path")
+                 "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path", "fleet", "fleet_given", "ttl")
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -114,6 +123,9 @@ class Options:
         self.syslog_socket = "/dev/log"
         self._wait_opt = ""
         self.path: str | None = None  # --path FILE: flock(1)'s lock on FILE instead of a named lock
+        self.fleet: str | None = None  # the fleet URL in effect (--fleet, else $HOSTLOCK_FLEET); None: host lock
+        self.fleet_given: str | None = None  # --fleet's value as given ('' = host locks), None if absent
+        self.ttl: float | None = None  # --ttl: the fleet lock's lease; None: the engine's default
 
 
 _RUN_SPEC = {
@@ -127,6 +139,8 @@ _RUN_SPEC = {
     "--mechanism": ("mechanism", True),
     "--label": ("label", True),
     "--path": ("path", True),
+    "--fleet": ("fleet", True),
+    "--ttl": ("ttl", True),
     "-c": ("shell", True), "--command": ("shell", True),
     "--time-limit": ("timeout", True),
     "--timeout": ("timeout_refused", True),
@@ -182,6 +196,12 @@ def parse(args: list[str], cron: bool) -> Options:
             if not value:
                 raise c.UsageError("%s needs a file" % opt, command)
             o.path = value
+        elif key == "fleet":
+            o.fleet_given = value or ""
+        elif key == "ttl":
+            o.ttl = c.duration_arg(value or "", opt)
+            if o.ttl <= 0:
+                raise c.UsageError("%s must be more than 0" % opt, command)
         elif key == "shell":
             if o.shell is not None:
                 raise c.UsageError("%s given twice" % opt, command)
@@ -259,13 +279,33 @@ def parse(args: list[str], cron: bool) -> Options:
         if cron and o.name is not None:
             raise c.UsageError("give --name or --path, not both", command)
         o.name = o.path
+    check_fleet(o, command)
     if cron and o.wait is None:
         o.wait = 0.0  # a cron run that finds the previous one still going is skipped, not queued
     return o
 
 
-def make_lock(o: Options) -> Lock:
-    """Build the engine's Lock from the options (validates the name: InvalidName -> exit 64)."""
+def check_fleet(o: Options, command: str) -> None:
+    """Settle host lock or fleet lock, refusing options of the other kind (before any I/O).
+
+    A fleet lock has no directory, mechanism or file: such an option beside a fleet (even one that came
+    from $HOSTLOCK_FLEET) is a contradiction, never a silent fall-back to a lock this host alone sees.
+    """
+    o.fleet = c.fleet_arg(o.fleet_given)
+    if o.fleet is None:
+        if o.ttl is not None:
+            raise c.UsageError("--ttl applies to fleet locks only (give --fleet URL or set $%s)" % c.FLEET_ENV,
+                               command)
+        return
+    c.refuse_host_options({"--path": o.path is not None, "--dir": o.directory is not None,
+                           "--mechanism": o.mechanism != "auto"}, o.fleet_given, o.fleet, command)
+
+
+def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> Lock:
+    """Build the engine's Lock from the options (validates the name: InvalidName -> exit 64).
+
+    `on_lost` (fleet locks): called once, from the engine's keep-alive thread, when the lock is lost.
+    """
     if o.path is not None:
         from ._pathlock import PathLock
 
@@ -274,14 +314,32 @@ def make_lock(o: Options) -> Lock:
 
     if o.name is None:  # the parser sets a name whenever --path is absent
         raise c.UsageError("missing lock NAME")
+    if o.fleet is not None:
+        fleet: dict[str, object] = {"fleet": o.fleet, "on_lost": on_lost}
+        if o.ttl is not None:
+            fleet["ttl"] = o.ttl
+        return Lock(o.name, mode=o.mode, slots=o.slots, label=o.label, **fleet)  # type: ignore[arg-type]
     return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,
                 label=o.label)
 
 
 def job_of(o: Options, lock: Lock, out_fd: int | None = None) -> Job:
-    """The supervisor's job spec from the options and the held lock (decides the process group now)."""
-    return Job(o.command, new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout,
-               kill_after=o.kill_after, verbose=o.verbose, lock_fds=lock.descriptors())
+    """The supervisor's job spec from the options and the held lock (decides the process group now).
+
+    A fleet lock has no descriptor for the watcher to keep: the job gets the lock's fence and fleet in
+    its environment, and is stopped (abort) the moment the engine knows the lock is lost.
+    """
+    env = abort = None
+    if o.fleet is not None:
+        env = {"HOSTLOCK_FENCE": str(lock.fence), c.FLEET_ENV: o.fleet}
+        abort = lambda: lock.lost  # noqa: E731 - read at each wake-up of the supervisor
+    return Job(o.command, env=env, new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout,
+               kill_after=o.kill_after, verbose=o.verbose, lock_fds=lock.descriptors(), abort=abort)
+
+
+def where(lock: Lock) -> str:
+    """Where a lock lives, for messages: its lock directory, or a fleet lock's etcd key prefix."""
+    return lock.path if lock.mechanism == "etcd" else lock.directory
 
 
 def recorder(lock: Lock, o: Options) -> Callable[[int], None]:
@@ -295,3 +353,16 @@ def recorder(lock: Lock, o: Options) -> Callable[[int], None]:
                 c.say("cannot record the job's pid in the owner record: %s" % c.describe_error(exc))
 
     return record
+
+
+def lost_text(o: Options, lock: Lock, job: str | None) -> str:
+    """"lost lock 'NAME' in URL: <why>; fence 12; job stopped, exit status 5 after 2s": the engine's reason,
+    the fence the job was given, and what became of the job."""
+    from . import LockLost
+
+    why = "lost lock %r in %s: its etcd lease ended" % (o.name, where(lock))
+    try:
+        lock.check()
+    except LockLost as exc:
+        why = c.describe_error(exc)
+    return "%s; fence %s; %s" % (why, lock.fence, "the job was not started" if job is None else "job " + job)

@@ -12,8 +12,8 @@ import _signal
 import time
 
 from . import _cli_common as c
-from ._cli_options import RUN_HELP, Options, job_of, make_lock, parse, recorder
-from ._supervise import die_like, supervise
+from ._cli_options import RUN_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
+from ._supervise import die_like, supervise, waker
 
 
 def _mode_text(o: Options) -> str:
@@ -32,9 +32,11 @@ def main_run(args: list[str]) -> int:
     from . import LockTimeout
 
     try:
-        lock = make_lock(o)
+        # A fleet lock's keep-alive thread wakes the supervisor when the lock is lost: armed before the
+        # lock (and so the thread) exists.
+        lock = make_lock(o, waker() if o.fleet is not None else None)
         if o.verbose:
-            c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, lock.directory))
+            c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, where(lock)))
         t0 = time.monotonic()
         lock.acquire(timeout=o.wait)
     except LockTimeout as exc:
@@ -45,16 +47,24 @@ def main_run(args: list[str]) -> int:
         return 128 + _signal.SIGINT
     except Exception as exc:
         return _lock_failed(o, exc)
+    lost = False
     try:
         if o.verbose:
-            c.say("got %s lock %s (%s) after %s" % (_mode_text(o), o.name, lock.mechanism,
-                                                    c.format_span(time.monotonic() - t0)))
+            c.say("got %s lock %s (%s%s) after %s" % (
+                _mode_text(o), o.name, lock.mechanism,
+                ", fence %s" % lock.fence if o.fleet is not None else "", c.format_span(time.monotonic() - t0)))
+        if o.fleet is not None and lock.lost:  # lost before the job could start: never start it unlocked
+            c.say(lost_text(o, lock, None))
+            return c.EX_LOST
         try:
             outcome = supervise(job_of(o, lock), recorder(lock, o))
         except OSError as exc:
             c.say("cannot start the job: %s" % c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
-        if o.verbose:
+        lost = o.fleet is not None and (outcome.aborted or lock.lost)
+        if lost:
+            c.say(lost_text(o, lock, outcome.describe()))
+        elif o.verbose:
             c.say("job %s" % outcome.describe())
     finally:
         try:
@@ -62,8 +72,11 @@ def main_run(args: list[str]) -> int:
         except Exception as exc:  # the lock dies with this process anyway; say it, do not mask the job's status
             if o.verbose:
                 c.say("release: %s" % c.describe_error(exc))
+    if lost:
+        return c.EX_LOST  # whatever the job's own status: its work may have overlapped another holder's
     die_like(outcome)
     return outcome.exit_code()
+
 
 
 def _lock_failed(o: Options, exc: BaseException) -> int:

@@ -20,6 +20,7 @@ counts the time it did not run; a keep-alive answer with TTL 0, or our key delet
 
 from __future__ import annotations
 
+import _signal
 import math
 import os
 import select
@@ -122,7 +123,15 @@ class Session:
             os.set_blocking(fd, False)  # draining must never block; a full pipe is already "poked"
         self._fds: tuple = (self._stop_r, self._stop_w, self.lost_r, self._lost_w)
         self.thread = threading.Thread(target=self._run, name="hostlock-etcd-keepalive %x" % lease, daemon=True)
-        self.thread.start()
+        # Started with every signal blocked (a thread inherits its creator's mask): the kernel gives a
+        # process-directed signal to any thread that does not block it, and this one must never take it.
+        # `hostlock run` blocks what it forwards to its job in its main thread and collects it with
+        # sigtimedwait(); landing here, a SIGTERM would run its default action and kill hostlock instead.
+        old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        try:
+            self.thread.start()
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
 
     @property
     def expires(self) -> float:

@@ -21,6 +21,11 @@ Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
 - Signals are blocked and collected with sigtimedwait(), never handled asynchronously: TERM, INT, HUP, QUIT,
   USR1 and USR2 are forwarded to the job (except keyboard signals the job got from the terminal itself),
   SIGCHLD ends the wait, the time limit is the wait's own deadline. No threads, no handlers, no races.
+- A fleet lock (etcd) has no descriptor to keep: its etcd lease outlives a dead hostlock by at most the
+  TTL, and the watcher kills the job at once, so the job is dead long before the lease can expire. When
+  the lock is lost while hostlock lives (the engine's keep-alive thread knows first), the job is stopped
+  like a timed-out one (SIGTERM, SIGKILL after kill_after): the thread sets the lock's flag and wakes
+  this loop with WAKE, sent to this thread alone (`waker`), which then reads `job.abort()`.
 - Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
   no subprocess, argparse, re or json). The watcher's killing code (`_jobkill`) is imported only by a
   watcher whose hostlock died.
@@ -28,6 +33,7 @@ Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
 from __future__ import annotations
 
 import _signal
+import _thread
 import os
 import sys
 import time
@@ -44,17 +50,22 @@ _SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a 
 _PR_SET_PDEATHSIG = 1
 DEFAULT_KILL_AFTER = 10.0
 PROCESS_GROUPS = ("auto", "new", "same")
+# Another thread's "look at job.abort() now" (see waker). Never used for alarm(): nothing here arms one.
+WAKE = _signal.SIGALRM
+_wake_was_blocked = False  # WAKE was blocked before waker() blocked it: the job inherits it blocked, as given
 
 
 class Job:
     """What to run and how; no command-line options, no lock."""
 
-    __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose", "lock_fds", "watch")
+    __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose", "lock_fds", "watch",
+                 "abort")
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, new_group: bool = True,
                  out_fd: int | None = None, time_limit: float | None = None,
                  kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False,
-                 lock_fds: tuple[int, ...] | list[int] = (), watch: bool = True) -> None:
+                 lock_fds: tuple[int, ...] | list[int] = (), watch: bool = True,
+                 abort: Callable[[], bool] | None = None) -> None:
         self.argv = argv
         self.env = env  # added to (or replacing entries of) our environment; None: ours unchanged
         self.new_group = new_group  # the job leads its own process group (killed whole with us)
@@ -68,13 +79,37 @@ class Job:
         # A watcher kills the job's tree if hostlock dies mid-job. False: only PR_SET_PDEATHSIG, which
         # ends the job's first process alone (flock(1)'s behaviour, kept by `hostlock flock` by default).
         self.watch = watch
+        # True once the job must stop (its fleet lock was lost): read when WAKE arrives (see waker), then
+        # SIGTERM, SIGKILL after kill_after, as for the time limit. None: nothing can abort the job.
+        self.abort = abort
 
     def tagged(self, tag: str) -> Job:
         """This job with HOSTLOCK_JOB=tag added to its environment."""
         job = Job(self.argv, env=dict(self.env or (), HOSTLOCK_JOB=tag), new_group=self.new_group,
                   out_fd=self.out_fd, time_limit=self.time_limit, kill_after=self.kill_after,
-                  verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch)
+                  verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch, abort=self.abort)
         return job
+
+
+def waker() -> Callable[[], None]:
+    """Block WAKE in this thread (the one that will supervise) and return `wake()`, which any thread may
+    call to make supervise() read the job's abort() at once.
+
+    Call it before the threads that will call wake() start (the fleet lock's keep-alive thread): they
+    inherit the blocked mask, so no SIGALRM's default action (death) can land in them, and a wake-up that
+    comes before supervise() waits stays pending for it. wake() targets this thread alone (pthread_kill).
+    """
+    global _wake_was_blocked
+    _wake_was_blocked = WAKE in _signal.pthread_sigmask(_signal.SIG_BLOCK, {WAKE})
+    ident = _thread.get_ident()
+
+    def wake() -> None:
+        try:
+            _signal.pthread_kill(ident, WAKE)
+        except OSError:  # ESRCH: the supervising thread is gone, nothing left to wake
+            pass
+
+    return wake
 
 
 def new_group_for(mode: str) -> bool:
@@ -147,6 +182,8 @@ def _exec_child(job: Job, parent: int, mask: object, prctl: object, gate: int, w
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
             _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        if job.abort is not None and not _wake_was_blocked:
+            mask = set(mask) - {WAKE}  # type: ignore[call-overload] # blocked by waker() for us, not the job
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         execvp(argv, job.env)
     except OSError as exc:
@@ -280,11 +317,13 @@ def _read_stat(pid: int) -> bytes:
 class Outcome:
     """How the job ended."""
 
-    __slots__ = ("status", "timed_out", "elapsed", "pid", "tty_sigint")
+    __slots__ = ("status", "timed_out", "elapsed", "pid", "tty_sigint", "aborted")
 
-    def __init__(self, status: int, timed_out: bool, elapsed: float, pid: int, tty_sigint: bool) -> None:
+    def __init__(self, status: int, timed_out: bool, elapsed: float, pid: int, tty_sigint: bool,
+                 aborted: bool = False) -> None:
         self.status = status  # raw wait status
         self.timed_out = timed_out
+        self.aborted = aborted  # job.abort() said stop (a lost fleet lock): the job was sent SIGTERM
         self.elapsed = elapsed
         self.pid = pid
         self.tty_sigint = tty_sigint  # a keyboard SIGINT reached us (and the job) from the terminal
@@ -306,6 +345,8 @@ class Outcome:
             what = "exit status %d" % os.WEXITSTATUS(self.status)
         if self.timed_out:
             what = "timed out, %s" % what
+        if self.aborted:
+            what = "stopped, %s" % what
         return "%s after %s" % (what, c.format_span(self.elapsed))
 
 
@@ -391,11 +432,24 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
         except OSError:
             pass
 
+    abort = job.abort
+    waited = _WAITED | {WAKE} if abort is not None else _WAITED  # WAKE: blocked since waker()
     deadline = started + job.time_limit if job.time_limit is not None else None
     timed_out = False
+    aborted = False
+    terminated = False  # SIGTERM sent (time limit or abort): the deadline is now SIGKILL's
     killed = False
     tty_sigint = False
     status = 0
+
+    def terminate(why: str) -> float:
+        """SIGTERM now (and SIGCONT: a stopped job must wake up to die); returns SIGKILL's deadline."""
+        if verbose:
+            c.say("%s: sending SIGTERM" % why)
+        send(_signal.SIGTERM)
+        send(_signal.SIGCONT)
+        return time.monotonic() + job.kill_after
+
     try:
         while True:
             try:
@@ -405,17 +459,13 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
             if done == pid:
                 break
             if deadline is None:
-                info = _signal.sigwaitinfo(_WAITED)
+                info = _signal.sigwaitinfo(waited)
             else:
-                info = _signal.sigtimedwait(_WAITED, max(0.0, deadline - time.monotonic()))
+                info = _signal.sigtimedwait(waited, max(0.0, deadline - time.monotonic()))
             if info is None:  # the deadline passed
-                if not timed_out:
-                    timed_out = True
-                    if verbose:
-                        c.say("job ran longer than %s: sending SIGTERM" % c.format_span(job.time_limit or 0))
-                    send(_signal.SIGTERM)
-                    send(_signal.SIGCONT)  # a stopped job must wake up to die
-                    deadline = time.monotonic() + job.kill_after
+                if not terminated:
+                    timed_out = terminated = True
+                    deadline = terminate("job ran longer than %s" % c.format_span(job.time_limit or 0))
                 elif not killed:
                     killed = True
                     if verbose:
@@ -425,6 +475,13 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 continue
             sig = info.si_signo
             if sig == _signal.SIGCHLD:
+                continue
+            if sig == WAKE:  # from waker()'s wake(), or a stray SIGALRM: abort() decides, never the signal
+                if abort is not None and not aborted and abort():
+                    aborted = True
+                    if not terminated:  # after a time limit's SIGTERM, its SIGKILL deadline stands
+                        terminated = True
+                        deadline = terminate("the job must stop (its lock is lost)")
                 continue
             if not new_group and info.si_code == _SI_KERNEL:
                 # From our terminal: the job is in our process group and got this very signal already.
@@ -446,10 +503,10 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
             os.close(watcher)
         # Signals that came after the job ended were meant for it, not for us: drop them, then restore
         # the mask (for callers of main() in a process that goes on).
-        while _signal.sigtimedwait(_WAITED, 0) is not None:
+        while _signal.sigtimedwait(waited, 0) is not None:
             pass
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
-    return Outcome(status, timed_out, time.monotonic() - started, pid, tty_sigint)
+    return Outcome(status, timed_out, time.monotonic() - started, pid, tty_sigint, aborted)
 
 
 def _pgid(pid: int) -> int:

@@ -176,6 +176,24 @@ def test_sigterm_to_hostlock_reaches_the_job_while_the_keepalive_thread_runs(cli
     assert a.wait(timeout=60) == 7  # forwarded, not hostlock killed by a signal its keep-alive thread took
 
 
+def test_the_keepalive_thread_takes_no_signal(cli, etcd):
+    """Every thread but hostlock's main one blocks every signal, so a SIGTERM sent while the main thread is
+    between two sigtimedwait() calls waits for it there, instead of killing hostlock in the keep-alive thread
+    (the test above can only catch that by luck; this one reads the masks)."""
+    script, started, go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    tasks = sorted(int(t) for t in os.listdir("/proc/%d/task" % a.pid))
+    assert len(tasks) >= 2 and tasks[0] == a.pid  # the main thread and at least the keep-alive thread
+    for tid in tasks[1:]:
+        with open("/proc/%d/task/%d/status" % (a.pid, tid)) as f:
+            blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGALRM):
+            assert blocked & (1 << (sig - 1)), (tid, sig)
+    go.write_text("")
+    assert a.wait(timeout=60) == 0
+
+
 def test_hostlock_killed_kills_the_job_and_the_lease_frees_the_lock(cli, etcd):
     jobpid = cli.tmp / "jobpid"
     a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "deploy", "-c",

@@ -115,9 +115,10 @@ def test_status_json_schema(cli):
     assert set(lock["holders"][0]) == {
         "pid", "user", "uid", "mode", "slot", "cmdline", "job_pid", "job_cmdline", "label", "acquired_at",
         "lease_expires", "token_id", "alive", "stale", "verified", "forged", "problem", "hostname", "boot_id",
-        "start_time", "pid_namespace",
+        "start_time", "pid_namespace", "fence",
     }
     assert lock["holders"][0]["verified"] is True and lock["holders"][0]["forged"] is False
+    assert lock["holders"][0]["fence"] is None  # a host lock has no fencing token
 
 
 def test_status_counts_waiters(cli):
