@@ -1,7 +1,8 @@
 # Ansible side: the lock/lock_info modules, the locked action, the serialize callback.
 #
-#   make test-ansible        real ansible-playbook runs (local + a real sshd on 127.0.0.1) against the
-#                            collection built and installed from a tarball, then the ansible-test targets
+#   make test-ansible        real ansible-playbook runs (local + a real sshd on 127.0.0.1, and a real etcd for
+#                            the fleet tests) against the collection built and installed from a tarball, then
+#                            the ansible-test targets
 #   make integration-ansible ansible-test integration for tests/integration/targets/* (part of test-ansible)
 #   make demo-ansible        the showcase: a playbook holding a lock, a concurrent run waiting, hostlock status
 #   make bench-ansible       locked-vs-ping and callback-overhead table (benchmarks/ansible_plugins.py, docs/benchmarks.md)
@@ -19,7 +20,8 @@ openssh-server:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; \
 	fi
 
-test-ansible: venv openssh-server module-utils
+# etcd-deps (mk/fleet.mk): the fleet tests (test_fleet_*.py) run a real etcd; without it they would skip.
+test-ansible: venv openssh-server etcd-deps module-utils
 	$(PYTEST) -q $(ANSIBLE_TESTS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory integration-ansible
 

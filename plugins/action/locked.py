@@ -8,18 +8,28 @@ become, check mode, diff, no_log: everything `_update_module_args`/`_configure_m
 as async does), and runs ONE module on the host, hostlock.core.locked, carrying that payload. The host
 side (module_utils/_runner.py) takes the lock, runs the payload as its child, and releases after the child
 ends, so the lock lives exactly as long as the work, whatever happens to the controller or the connection.
+
+With `fleet` (or $HOSTLOCK_FLEET on the controller) the lock is an etcd lock taken here, in the task's
+worker on the controller: it is acquired, the wrapped task runs as it would on its own (its own action
+plugin included), and the lock is released. Hosts need no route to etcd.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 import typing as t
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock import parse_duration
+from ansible_collections.hostlock.core.plugins.module_utils._common import (
+    RESULT_KEY,
+    would_acquire,
+)
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
-from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_marker
+from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_id, run_marker
 
 LOCKED_MODULE = "hostlock.core.locked"
 
@@ -64,7 +74,11 @@ ARGUMENT_SPEC = dict(
     label=dict(type="str"),
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
     task=dict(type="dict", required=True),
+    fleet=dict(type="str"),
+    ttl=dict(type="raw"),
 )
+# What the wrapped module finds in its environment under a fleet lock (as `hostlock run --fleet` jobs do).
+FENCE_ENV = "HOSTLOCK_FENCE"
 
 
 def split_task(task: dict) -> tuple[str, t.Any]:
@@ -112,7 +126,11 @@ class ActionModule(ActionBase):
                 except ValueError as e:
                     raise AnsibleActionFail(f"hostlock.core.locked: {e}") from None
         name, raw = split_task(args["task"])
-        fqcn, module_args = self._resolve(name, parse_args(raw))
+        fleet = _fleet.fleet_of(args)
+        fqcn, module_args = self._resolve(name, parse_args(raw), controller_side=bool(fleet))
+        if fleet:
+            result.update(self._run_fleet(fleet, args, fqcn, module_args, task_vars))
+            return result
 
         if not self._is_pipelining_enabled("new") and self._connection._shell.tmpdir is None:
             # the wrapped module's _ansible_tmpdir must be the task's one, made before its args are built
@@ -135,8 +153,13 @@ class ActionModule(ActionBase):
         self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
 
-    def _resolve(self, name: str, module_args: dict) -> tuple[str, dict]:
-        """The module the task executor would run for `name`, with the play's module_defaults applied."""
+    def _resolve(self, name: str, module_args: dict, controller_side: bool = False) -> tuple[str, dict]:
+        """The module the task executor would run for `name`, with the play's module_defaults applied.
+
+        With `controller_side` (a fleet lock, held here), a module with its own action plugin is run by that
+        plugin (`self._handler`), as the task would be on its own.
+        """
+        self._handler = "ansible.legacy.normal"
         collections = self._task.collections
         ctx = self._shared_loader_obj.module_loader.find_plugin_with_context(name, collection_list=collections)
         action_loader = self._shared_loader_obj.action_loader
@@ -155,6 +178,9 @@ class ActionModule(ActionBase):
         if fqcn in THIN_ACTIONS:
             module, extra = THIN_ACTIONS[fqcn]
             return module, {**module_args, **extra}
+        if has_action and controller_side:
+            self._handler = fqcn
+            return fqcn, module_args
         if has_action:
             raise AnsibleActionFail(
                 f"hostlock.core.locked: {fqcn} has its own action plugin, which runs on the controller (it "
@@ -171,3 +197,95 @@ class ActionModule(ActionBase):
         except ImportError:  # a future ansible-core moved it: the wrapped args stay as written
             return module_args
         return _apply_action_arg_defaults(fqcn, self._task, module_args, self._templar)
+
+    def _run_fleet(self, fleet: str, args: dict, fqcn: str, module_args: dict, task_vars: dict) -> dict:
+        """Take the fleet lock here, run the wrapped task as it would run on its own, release; one line on failure."""
+        name = args["name"]
+        info: dict[str, t.Any] = dict(name=name, module=fqcn, fleet=fleet, taken=False, waited=0.0)
+        if args["directory"]:
+            return dict(failed=True, msg=f"lock {name}: directory and fleet exclude each other: a fleet lock lives "
+                        "in etcd, not in a lock directory", **{RESULT_KEY: info})
+        # "[run ID task]", not "[run ID]": a lock this run holds only for one task ends by itself, so other
+        # hosts of the run may wait for it (a semaphore spreading the run's hosts over its slots).
+        label = f"{args['label'] or task_label(self._task, task_vars)} [run {run_id()} task]"
+        lost: list[float] = []
+        try:
+            holders, info["path"] = _fleet.holder_dicts(name, fleet)
+            if self._task.check_mode:
+                info.update(event="check", free=would_acquire(holders, args["mode"], args["slots"]), holders=holders)
+                return dict(self._run_wrapped(fqcn, module_args, task_vars, {}), **{RESULT_KEY: info})
+            blockers = _fleet.own_blockers(holders, run_marker(), args["mode"], args["slots"])
+            if blockers:
+                info.update(event="self", holders=blockers)
+                return self._refused(_fleet.self_wait_msg(name, blockers) + f"; {fqcn} did not run", args, info)
+            lock = _fleet.fleet_lock(name, fleet, args, label, on_lost=lambda *_a: lost.append(time.time()))
+            started = time.monotonic()
+            try:
+                lock.acquire(timeout=args["timeout"])
+            except LockTimeout as e:
+                waited = round(time.monotonic() - started, 3)
+                holders = [h.as_dict() for h in e.holders]
+                info.update(event="conflict", holders=holders, waited=waited)
+                msg = _fleet.conflict_msg(name, info["path"], fleet, waited, holders) + f"; {fqcn} did not run"
+                return self._refused(msg, args, info)
+        except (HostlockError, ValueError) as e:
+            return dict(failed=True, msg=f"lock {name}: {_fleet.one_line(e)}", **{RESULT_KEY: info})
+        held_from = time.monotonic()
+        fence = lock.fence
+        info.update(event="locked", taken=True, waited=round(held_from - started, 3), fence=fence)
+        try:
+            result = self._run_wrapped(fqcn, module_args, task_vars, {FENCE_ENV: str(fence), _fleet.FLEET_ENV: fleet})
+            held = _fleet.still_held(name, fleet, fence)  # before our release deletes the key
+        finally:
+            try:
+                lock.release()
+                info["released"] = True
+            except HostlockError as e:  # etcd unreachable: the key ends with its lease, within the TTL
+                info["released"] = False
+                self._display.warning(f"lock {name}: could not release the fleet lock ({_fleet.one_line(e)}); "
+                                      "it ends when its etcd lease runs out (ttl)")
+            info["held"] = round(time.monotonic() - held_from, 3)
+        result["fence"] = fence
+        if held is None and not (lost or lock.lost):
+            self._display.warning(f"lock {name}: etcd could not be read after {fqcn} ran, so the controller cannot "
+                                  "confirm it held the fleet lock to the end (its keep-alive saw no loss)")
+        if lost or lock.lost or held is False:
+            when = time.strftime(" at %H:%M:%S", time.localtime(lost[0])) if lost else ""
+            result.update(failed=True, msg=(
+                f"fleet lock {name} was lost{when} while {fqcn} ran (its etcd lease ended: etcd unreachable "
+                f"past the ttl, or the lock was broken); {fqcn} was not stopped and ran to its end, so it may have "
+                f"overlapped the next holder, whose fence is higher than ours ({fence}). "
+                f"Result of {fqcn}: {result.get('msg') or ('failed' if result.get('failed') else 'ok')}"
+            ))
+            info["event"] = "lost"
+        result[RESULT_KEY] = info
+        return result
+
+    def _refused(self, msg: str, args: dict, info: dict) -> dict:
+        if args["on_conflict"] == "skip":
+            return dict(skipped=True, changed=False, msg=msg, **{RESULT_KEY: info})
+        return dict(failed=True, msg=msg, **{RESULT_KEY: info})
+
+    def _run_wrapped(self, fqcn: str, module_args: dict, task_vars: dict, env: dict) -> dict:
+        """Run the wrapped task as the task executor would run it on its own: its action plugin, its module.
+
+        `env` is added to the task's environment (the fence); `no_log`, `become`, check mode and `--diff`
+        are the task's own.
+        """
+        task = self._task.copy()
+        task.action = fqcn
+        task._resolved_action = fqcn  # no setter: the task executor sets it the same way
+        task.args = module_args
+        if env:
+            own = task.environment if isinstance(task.environment, list) else [task.environment or {}]
+            task.environment = [*own, env]
+        handler = self._shared_loader_obj.action_loader.get(
+            self._handler,
+            task=task,
+            connection=self._connection,
+            play_context=self._play_context,
+            loader=self._loader,
+            templar=self._templar,
+            shared_loader_obj=self._shared_loader_obj,
+        )
+        return handler.run(task_vars=task_vars)

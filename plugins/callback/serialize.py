@@ -40,12 +40,46 @@ description:
     75), so a retry loop on 75 does not retry it forever.
   - Only the inventory hosts a play targets are locked; hosts reached through C(delegate_to) are not.
     Runs must name a host the same way (inventory hostname) to exclude each other.
+  - With O(fleet), the per-host locks are B(fleet locks in etcd) instead of locks on this control node,
+    so runs on different control nodes (AWX/controller nodes, CI runners, laptops) that share etcd take
+    turns on their common hosts exactly as runs on one control node do. Each lock is kept alive by an
+    etcd lease of O(ttl) seconds. A killed run's hosts are free within O(ttl) (the next run then still
+    waits for the killed run's tasks on the hosts, see O(wait_in_flight)); a run that loses a lock (etcd
+    unreachable past the O(ttl)) starts no further task and ends with status 79.
 requirements:
   - Enable it in C(ansible.cfg) (C(callbacks_enabled = hostlock.core.serialize) under C([defaults]))
     or with C(ANSIBLE_CALLBACKS_ENABLED=hostlock.core.serialize).
   - For O(wait_in_flight), managed hosts with C(/proc) (Linux), C(/bin/sh) and a C(grep) with C(-z)
     (GNU or BusyBox).
 options:
+  fleet:
+    description:
+      - Lock each host in etcd rather than on this control node, for example V(etcd://10.0.0.5:2379) or
+        V(etcds://etcd1:2379,etcd2:2379/team-a?cacert=/etc/ssl/etcd-ca.pem) (a key prefix after the
+        hosts; TLS with C(etcds://); a user as C(etcd://user@host:2379), whose password comes from
+        E(HOSTLOCK_FLEET_PASSWORD)). Every run, on every control node, that must exclude the others
+        uses the same etcd and the same O(prefix).
+      - E(HOSTLOCK_SERIALIZE_FLEET) wins over E(HOSTLOCK_FLEET); V('') means locks on this control
+        node. O(directory) does not apply then.
+      - Managed hosts need no route to etcd; only this control node talks to it.
+    type: str
+    env:
+      - name: HOSTLOCK_FLEET
+      - name: HOSTLOCK_SERIALIZE_FLEET
+    ini:
+      - section: hostlock_serialize
+        key: fleet
+  ttl:
+    description:
+      - With O(fleet), the time to live of each lock's etcd lease, in seconds. A killed run's hosts are
+        free this long after it died; a run that cannot reach etcd this long loses its locks.
+    type: float
+    default: 10
+    env:
+      - name: HOSTLOCK_SERIALIZE_TTL
+    ini:
+      - section: hostlock_serialize
+        key: ttl
   directory:
     description:
       - Lock directory on the control node. Every run that must exclude the others uses the same one.
@@ -134,9 +168,10 @@ options:
       - section: hostlock_serialize
         key: recap
 notes:
-  - The locks live on the control node. Two control nodes do not see each other's runs; for that,
-    lock on the managed host with M(hostlock.core.lock) or M(hostlock.core.locked).
-  - C(hostlock status) on the control node lists the runs holding or waiting for hosts.
+  - Without O(fleet) the locks live on the control node, and two control nodes do not see each other's
+    runs; with O(fleet) they do.
+  - C(hostlock status) on the control node (C(hostlock status --fleet URL) anywhere, with O(fleet))
+    lists the runs holding or waiting for hosts.
   - The in-flight wait is the play's first task after fact gathering (which only reads the host); it
     is tagged C(always), so C(--skip-tags always) or C(--start-at-task) skip it.
 seealso:
@@ -153,6 +188,7 @@ import resource
 import time
 import typing as t
 import uuid
+from urllib.parse import urlsplit
 
 from ansible import context
 from ansible.playbook.block import Block
@@ -169,6 +205,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common import (
     EX_TEMPFAIL,
+    EX_USAGE,
     describe_error,
     error_exit_code,
 )
@@ -176,6 +213,11 @@ from ansible_collections.hostlock.core.plugins.plugin_utils._controller import c
 
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).
 EXIT_BUSY = EX_TEMPFAIL
+# A run that lost a fleet lock ends with the code `hostlock run --fleet` exits with then (docs/cli.md).
+EXIT_LOST = 79
+# With a fleet, each lock is an etcd lease kept alive by the run: plays whose hosts plus buckets exceed this
+# take their buckets exclusive instead (at most 64 leases), as descriptors bound local locks.
+FLEET_BUDGET = 128
 # Hosts hash into this many buckets. Every run must use the same number (it decides which bucket lock
 # covers a host), so it is a constant, not an option.
 BUCKETS = 64
@@ -288,6 +330,7 @@ class CallbackModule(CallbackBase):
         self._waits: list[tuple[str, float, float]] = []  # (lock key label, waited, held) of controller locks
         self._uses: dict[tuple[str, str], dict[str, t.Any]] = {}  # (host, lock) -> totals from modules
         self._leases: dict[tuple[str, str], dict[str, dict]] = {}  # (host, lock) -> token_id -> lease
+        self._lost: list[str] = []  # fleet locks whose etcd lease ended while held (from keep-alive threads)
 
     # -- output: standard error through Ansible's display; stdout belongs to the stdout callback ----
     def _say(self, msg: str) -> None:
@@ -299,6 +342,10 @@ class CallbackModule(CallbackBase):
             return 0.0
         value = self.get_option("timeout")
         return None if value is None or float(value) < 0 else float(value)
+
+    def _fleet(self) -> str | None:
+        """The fleet URL, or None for locks on this control node."""
+        return str(self.get_option("fleet") or "").strip() or None
 
     # -- control-node host locks -----------------------------------------------------------------
     def v2_playbook_on_start(self, playbook: t.Any) -> None:
@@ -341,7 +388,8 @@ class CallbackModule(CallbackBase):
         return sorted({h.name for h in inventory.get_hosts(play.hosts, order=play.order)})
 
     def _lock_hosts(self, hosts: list[str], play_name: str) -> None:
-        wanted = plan(hosts, fd_budget())
+        fleet = self._fleet()
+        wanted = plan(hosts, min(fd_budget(), FLEET_BUDGET) if fleet else fd_budget())
         # Deadlock freedom: every run takes locks in ascending key order. Keep held locks (in the wanted
         # mode) only while they all sort below the first lock we still need; release the rest, then take
         # what is missing, in order.
@@ -362,8 +410,14 @@ class CallbackModule(CallbackBase):
             started = time.monotonic()
             lock = None
             try:
-                lock = Lock(name, directory=directory, label=label, mode=wanted[key])
+                if fleet:
+                    lock = Lock(name, fleet=fleet, ttl=float(self.get_option("ttl")), label=label, mode=wanted[key],
+                                on_lost=lambda *_a, name=name: self._lost.append(name))
+                else:
+                    lock = Lock(name, directory=directory, label=label, mode=wanted[key])
                 self._take(lock, what, deadline)
+            except ValueError as e:  # a malformed fleet URL or ttl: the command line's usage error
+                self._end_run(f"hostlock.core.serialize: cannot lock {what}: {e}", EX_USAGE)
             except HostlockError as e:
                 if lock is not None:
                     lock.close()
@@ -404,8 +458,8 @@ class CallbackModule(CallbackBase):
                     continue
                 seen.add(name)
                 try:
-                    st = status(name, directory=directory)
-                except HostlockError as e:
+                    st = status(name, fleet=self._fleet()) if self._fleet() else status(name, directory=directory)
+                except (HostlockError, ValueError) as e:
                     self._display.warning(f"hostlock.core.serialize: cannot read the lock of host {host}: {e}")
                     continue
                 live = [h.as_dict() for h in st.holders if not h.stale and not (shared_ok and h.mode == "shared")]
@@ -433,6 +487,9 @@ class CallbackModule(CallbackBase):
         name, lock, _mode, taken = self._held.pop(key)
         try:
             lock.release()
+        except HostlockError as e:  # etcd unreachable: the key ends with its lease, within the ttl
+            self._display.warning(f"hostlock.core.serialize: could not release {name}: {describe_error(e)}; it ends "
+                                  "when its etcd lease runs out (ttl)")
         finally:
             lock.close()  # a released Lock keeps its file open: close it, or 10,000 hosts exhaust descriptors
         label = key[2] or name
@@ -489,9 +546,15 @@ class CallbackModule(CallbackBase):
         play.pre_tasks = [block] + list(play.pre_tasks or [])
 
     def _scope(self) -> str:
-        """Short id of this lock set: the resolved controller lock directory and the prefix."""
-        directory = os.path.abspath(self.get_option("directory") or default_directory())
-        key = f"{directory}\0{self.get_option('prefix')}".encode("utf-8", "surrogateescape")
+        """Short id of this lock set: the resolved controller lock directory (or the fleet's key prefix) and
+        the prefix. Runs of other control nodes on the same fleet find the same id on the hosts."""
+        fleet = self._fleet()
+        if fleet:
+            # the etcd key prefix, not the URL: control nodes may list the endpoints differently
+            where = "etcd:" + (urlsplit(fleet).path.strip("/") or "hostlock")
+        else:
+            where = os.path.abspath(self.get_option("directory") or default_directory())
+        key = f"{where}\0{self.get_option('prefix')}".encode("utf-8", "surrogateescape")
         return hashlib.sha256(key).hexdigest()[:12]
 
     def _waited_in_flight(self, result: t.Any, data: dict) -> None:
@@ -547,6 +610,23 @@ class CallbackModule(CallbackBase):
             use["held"] += time.monotonic() - leases.pop(found)["taken_at"]
         elif event == "broken":
             leases.clear()
+
+    def _check_lost(self) -> None:
+        """End the run before its next task once a fleet lock is lost: another run may have the host now."""
+        if self._lost:
+            names = ", ".join(sorted(set(self._lost)))
+            self._end_run(
+                f"hostlock.core.serialize: lost the fleet lock {names} (its etcd lease ended: etcd unreachable "
+                "past the ttl, or the lock was broken); ending this run before its next task. A task already "
+                "running on a host was not stopped.",
+                EXIT_LOST,
+            )
+
+    def v2_playbook_on_task_start(self, task: t.Any, is_conditional: bool) -> None:
+        self._check_lost()
+
+    def v2_playbook_on_handler_task_start(self, task: t.Any) -> None:
+        self._check_lost()
 
     def v2_runner_on_ok(self, result: t.Any) -> None:
         self._record(result)

@@ -105,13 +105,29 @@ options:
     type: str
     choices: [fail, skip]
     default: fail
+  fleet:
+    description:
+      - Take a B(fleet lock) in etcd instead of a host lock, for example V(etcd://10.0.0.5:2379) or
+        V(etcds://etcd1:2379,etcd2:2379/team-a?cacert=/etc/ssl/etcd-ca.pem) (see
+        M(hostlock.core.locked#module:fleet) for the URL).
+      - Defaults to E(HOSTLOCK_FLEET) in the B(controller's) environment; V('') means a host lock even
+        when E(HOSTLOCK_FLEET) is set.
+      - The controller takes the lease and the host is not contacted (it needs no route to etcd). The
+        lease is an etcd lease whose time to live is O(lease); it outlives the controller and needs no
+        helper process anywhere; it ends when released with the RV(token), or O(lease) seconds after it
+        was taken or renewed. O(force=true) revokes the holders' etcd leases.
+      - The result carries RV(fence), the fencing token, and RV(path), the etcd key prefix, instead of
+        RV(directory). O(directory) does not apply.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 attributes:
   action:
     support: full
-    details: A controller-side action fills in the default O(label); the work happens on the host.
+    details: >-
+      A controller-side action fills in the default O(label); the work happens on the host, except with
+      O(fleet), where the controller does it all.
   async:
     support: none
   bypass_host_loop:
@@ -125,7 +141,8 @@ attributes:
     platforms: posix
     details: Linux is tested. Other POSIX systems use C(flock) instead of OFD locks.
 notes:
-  - Locks are local to one host. Two tasks on different hosts never conflict.
+  - Host locks are local to one host. Two tasks on different hosts never conflict. Fleet locks
+    (O(fleet)) are one lock per name for every host, run and control node using the same etcd.
   - The lease holder is a process of the connecting user (after C(become), of the become user).
 seealso:
   - module: hostlock.core.locked
@@ -187,6 +204,23 @@ EXAMPLES = r"""
     name: heavy-io
     state: released
     token: "{{ io_slot.token }}"
+
+- name: Take the fleet-wide deploy lock in etcd, once for the play (the controller takes it)
+  hostlock.core.lock:
+    name: deploy
+    fleet: etcd://etcd.example.com:2379
+    lease: 10m
+    timeout: 5m
+  run_once: true
+  register: fleet_deploy
+
+- name: Release the fleet-wide deploy lock
+  hostlock.core.lock:
+    name: deploy
+    fleet: etcd://etcd.example.com:2379
+    state: released
+    token: "{{ fleet_deploy.token }}"
+  run_once: true
 """
 
 RETURN = r"""
@@ -197,9 +231,26 @@ name:
   sample: deploy
 directory:
   description: The lock directory used on the host (compare it with C(hostlock status)).
-  returned: always
+  returned: for a host lock (without O(fleet))
   type: str
   sample: /run/hostlock
+fleet:
+  description: The fleet URL of a fleet lock.
+  returned: with O(fleet)
+  type: str
+  sample: etcd://10.0.0.5:2379
+path:
+  description: The fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
+  returned: with O(fleet)
+  type: str
+  sample: etcd://10.0.0.5:2379/hostlock/deploy/
+fence:
+  description:
+    - With O(fleet), the lease's fencing token (its etcd key's creation revision), strictly increasing per
+      lock name. Hand it to downstream systems so they can refuse a holder whose lease ended.
+  returned: when a fleet lease was taken or renewed
+  type: int
+  sample: 4711
 acquired:
   description:
     - Whether this task holds the lock now (V(false) in check mode, on release, or when skipped).
@@ -347,7 +398,12 @@ ARGUMENT_SPEC = dict(
     directory=dict(type="path"),
     label=dict(type="str"),
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
+    # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
+    fleet=dict(type="str"),
 )
+# Also used by the action, which checks a fleet task on the controller with the same rules.
+REQUIRED_IF = [("state", "acquired", ("lease",))]
+MUTUALLY_EXCLUSIVE = [("token", "force")]
 
 # The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
 RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
@@ -517,29 +573,39 @@ class Task:
         return self.result("broken", bool(removed), msg, released=removed)
 
 
-def check_params(module: AnsibleModule) -> None:
-    p = module.params
+def params_error(p: dict) -> str | None:
+    """What is wrong with the options, or None; parses lease and timeout in place (the action checks the same)."""
     if p["slots"] < 1:
-        module.fail_json(msg=f"slots must be 1 or more (got {p['slots']})")
+        return f"slots must be 1 or more (got {p['slots']})"
     if p["slots"] > 1 and p["mode"] != "exclusive":
-        module.fail_json(msg=f"slots={p['slots']} makes a semaphore, which needs mode=exclusive (got {p['mode']})")
+        return f"slots={p['slots']} makes a semaphore, which needs mode=exclusive (got {p['mode']})"
     for key in ("lease", "timeout"):
         if p[key] is not None:
             try:
                 p[key] = parse_duration(p[key], key)
             except ValueError as e:
-                module.fail_json(msg=str(e))
+                return str(e)
     if p["lease"] is not None and not p["lease"] > 0:
-        module.fail_json(msg=f"lease must be more than 0 seconds (got {p['lease']})")
+        return f"lease must be more than 0 seconds (got {p['lease']})"
     if p["force"] and p["state"] != "released":
-        module.fail_json(msg="force=true only applies to state=released")
+        return "force=true only applies to state=released"
+    return None
+
+
+def check_params(module: AnsibleModule) -> None:
+    if module.params.get("fleet"):
+        module.fail_json(msg="fleet locks are taken by the controller (the hostlock.core.lock action), never on the "
+                         "host: run this module from a task, not on its own")
+    error = params_error(module.params)
+    if error:
+        module.fail_json(msg=error)
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
-        required_if=[("state", "acquired", ("lease",))],
-        mutually_exclusive=[("token", "force")],
+        required_if=REQUIRED_IF,
+        mutually_exclusive=MUTUALLY_EXCLUSIVE,
         supports_check_mode=True,
     )
     check_params(module)

@@ -27,9 +27,23 @@ options:
       - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/hostlock)
         when usable, else a per-user runtime directory; RV(directory) says which was used.
     type: path
+  fleet:
+    description:
+      - Report fleet locks in etcd instead of the host's locks, for example V(etcd://10.0.0.5:2379) (see
+        M(hostlock.core.locked#module:fleet) for the URL). The controller reads etcd; the host is not
+        contacted.
+      - Defaults to E(HOSTLOCK_FLEET) in the B(controller's) environment; V('') means host locks even when
+        E(HOSTLOCK_FLEET) is set.
+      - Each entry has the same shape as for host locks (the engine's C(hostlock status --json)), with
+        V(etcd) as its RV(locks[].mechanism), the etcd key prefix as its RV(locks[].path), and each
+        holder's V(fence); RV(fleet) replaces RV(directory). O(directory) does not apply.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
+  action:
+    support: full
+    details: A controller-side action reads fleet locks (O(fleet)) itself; host locks are read on the host.
   check_mode:
     support: full
     details: The module only reads; it runs the same in check mode.
@@ -63,14 +77,26 @@ EXAMPLES = r"""
   until: apt_lock.locks[0].holders | rejectattr('stale') | list | length == 0
   retries: 30
   delay: 2
+
+- name: Who holds the fleet-wide deploy lock (read from etcd by the controller)
+  hostlock.core.lock_info:
+    name: deploy
+    fleet: etcd://etcd.example.com:2379
+  run_once: true
+  register: fleet_deploy
 """
 
 RETURN = r"""
 directory:
   description: The lock directory that was read.
-  returned: always
+  returned: for host locks (without O(fleet))
   type: str
   sample: /run/hostlock
+fleet:
+  description: The fleet URL that was read.
+  returned: with O(fleet)
+  type: str
+  sample: etcd://10.0.0.5:2379
 locks:
   description: One entry per lock, sorted by name.
   returned: always
@@ -81,10 +107,10 @@ locks:
       description: The lock's name.
       type: str
     path:
-      description: The lock file.
+      description: The lock file (a fleet lock's etcd key prefix).
       type: str
     mechanism:
-      description: How the lock is held (V(ofd), V(flock) or V(record)).
+      description: How the lock is held (V(ofd), V(flock) or V(record); V(etcd) for a fleet lock).
       type: str
     slots:
       description: Number of holders the lock admits (1, or a semaphore's size).
@@ -96,7 +122,7 @@ locks:
       type: list
       elements: dict
     waiters:
-      description: Processes waiting for the lock now.
+      description: Processes (for a fleet lock, etcd keys) waiting for the lock now.
       type: int
     stale:
       description: Whether stale records are left over (they block nobody; C(hostlock break) removes them).
@@ -134,9 +160,13 @@ def collect(name: str | None, directory: str | None) -> dict:
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec=dict(name=dict(type="str"), directory=dict(type="path")),
+        # fleet is handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
+        argument_spec=dict(name=dict(type="str"), directory=dict(type="path"), fleet=dict(type="str")),
         supports_check_mode=True,
     )
+    if module.params["fleet"]:
+        module.fail_json(msg="fleet locks are read by the controller (the hostlock.core.lock_info action), never on "
+                         "the host: run this module from a task, not on its own")
     try:
         module.exit_json(**collect(module.params["name"], module.params["directory"]))
     except (HostlockError, ValueError) as e:

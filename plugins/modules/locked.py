@@ -30,7 +30,10 @@ description:
     wait and hold times.
   - Modules that come with their own action plugin on the controller (C(copy), C(template),
     C(fetch), C(package), ...) are refused at once, except C(command) and C(shell); lock those with
-    M(hostlock.core.lock) around them (see the collection's docs/ansible.md).
+    M(hostlock.core.lock) around them (see the collection's docs/ansible.md). With O(fleet) the lock is
+    held on the controller, so those run under it too.
+  - With O(fleet), the lock is a fleet lock in etcd, shared by every run, control node and host that
+    uses the same etcd and name, taken and released by the controller (see O(fleet)).
 options:
   name:
     description:
@@ -100,6 +103,33 @@ options:
           - Its arguments, as under the module's name in a task. A string is the free-form argument
             (for C(command) and C(shell)).
         type: raw
+  fleet:
+    description:
+      - Take a B(fleet lock) in etcd instead of a host lock, for example V(etcd://10.0.0.5:2379) or
+        V(etcds://etcd1:2379,etcd2:2379/team-a?cacert=/etc/ssl/etcd-ca.pem) (a prefix after the hosts;
+        TLS with C(etcds://); a user as C(etcd://user@host:2379), whose password comes from
+        E(HOSTLOCK_FLEET_PASSWORD) on the controller).
+      - Defaults to E(HOSTLOCK_FLEET) in the B(controller's) environment; V('') means a host lock even
+        when E(HOSTLOCK_FLEET) is set.
+      - The lock is taken by the B(controller), in the task's worker, never on the host (hosts need no
+        route to etcd). It is acquired (waiting up to O(timeout)), then the wrapped task runs exactly as it
+        would on its own (so modules with their own action plugin, such as C(copy), C(template) or
+        C(service), can be wrapped too), then the lock is released. The wrapped task finds
+        E(HOSTLOCK_FENCE) (the fencing token, RV(fence)) and E(HOSTLOCK_FLEET) in its environment.
+      - The lock is kept alive by an etcd lease of O(ttl) seconds. If the lease is lost while the task
+        runs (etcd unreachable past the O(ttl), the lock broken), the task B(fails) saying so once the
+        wrapped module has ended; the module on the host is not stopped (the controller cannot stop it), so
+        give downstream systems the fence to refuse a stale holder. If the controller is killed (Ctrl-C,
+        SIGTERM, SIGKILL), the lock ends with its lease, within O(ttl) seconds.
+      - O(directory) does not apply. Check mode takes no lock; RV(hostlock.free) says whether a real
+        run would get it now, and the wrapped task runs in check mode.
+    type: str
+  ttl:
+    description:
+      - With O(fleet), the etcd lease's time to live, as seconds or a duration (V(10), V(30s)); default
+        10 seconds. A dead controller's lock is free this long after it died; a controller that cannot reach
+        etcd this long loses the lock.
+    type: raw
   payload:
     description:
       - Internal, set by the action plugin on the controller; do not set it. The wrapped module as built
@@ -176,9 +206,47 @@ EXAMPLES = r"""
 - name: Show how long the lock was waited for and held
   ansible.builtin.debug:
     msg: "waited {{ config.hostlock.waited }}s, held {{ config.hostlock.held }}s"
+
+- name: Restart at most two app servers at once across every run and control node (a fleet semaphore)
+  hostlock.core.locked:
+    name: app-restart
+    fleet: etcd://etcd.example.com:2379
+    slots: 2
+    timeout: 30m
+    task:
+      ansible.builtin.command: /bin/true   # the app's restart command
+  changed_when: false
+
+- name: One migration in the whole fleet at a time; the fence tells the database which holder is current
+  hostlock.core.locked:
+    name: db-migration
+    fleet: etcd://etcd.example.com:2379
+    ttl: 30s
+    task:
+      ansible.builtin.shell: echo "migrating, fence $HOSTLOCK_FENCE"
+  run_once: true
+  changed_when: false
+
+- name: With a fleet lock, modules with an action plugin (copy, template, service) can be wrapped too
+  hostlock.core.locked:
+    name: lb-config
+    fleet: etcd://etcd.example.com:2379
+    task:
+      ansible.builtin.copy:
+        content: "backend app\n"
+        dest: /tmp/hostlock-example-lb.conf
+        mode: "0644"
 """
 
 RETURN = r"""
+fence:
+  description:
+    - With O(fleet), the fencing token of this holding (the etcd key's creation revision), strictly increasing
+      per lock name. The wrapped task saw it as E(HOSTLOCK_FENCE); a downstream system that remembers the
+      highest fence it has seen can refuse a holder that lost its lock.
+  returned: when a fleet lock was taken
+  type: int
+  sample: 4711
 hostlock:
   description: The lock's side of the task; the other keys are the wrapped module's result.
   returned: always
@@ -193,7 +261,9 @@ hostlock:
       type: str
       sample: ansible.builtin.apt
     event:
-      description: V(locked) (taken, ran, released), V(conflict), V(self) (held by this run), V(check).
+      description:
+        - V(locked) (taken, ran, released), V(conflict), V(self) (held by this run), V(check), V(lost) (a
+          fleet lock lost while the wrapped task ran).
       type: str
       sample: locked
     taken:
@@ -217,7 +287,25 @@ hostlock:
     directory:
       description: The lock directory on the host.
       type: str
+      returned: for a host lock
       sample: /run/hostlock
+    fleet:
+      description: The fleet URL of a fleet lock.
+      type: str
+      returned: with O(fleet)
+      sample: etcd://10.0.0.5:2379
+    path:
+      description: The fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
+      type: str
+      returned: with O(fleet)
+      sample: etcd://10.0.0.5:2379/hostlock/web-restart/
+    fence:
+      description:
+        - With O(fleet), the fencing token of this holding (the etcd key's creation revision), strictly
+          increasing per lock name; also top-level RV(fence) and E(HOSTLOCK_FENCE) for the wrapped task.
+      type: int
+      returned: when a fleet lock was taken
+      sample: 4711
     free:
       description: In check mode, whether the lock would be granted now.
       type: bool
@@ -269,6 +357,9 @@ ARGUMENT_SPEC = dict(
     ),
     # the wrapped module's arguments can hold secrets: never echo the payload back (invocation, logs)
     payload=dict(type="str", no_log=True),
+    # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
+    fleet=dict(type="str"),
+    ttl=dict(type="raw"),
 )
 
 # The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
@@ -284,6 +375,9 @@ def main() -> None:
     p = module.params
     name = p["name"]
     wrapped = (p["task"] or {}).get("module") or "?"
+    if p["fleet"]:
+        module.fail_json(msg="fleet locks are taken by the controller (the hostlock.core.locked action), never on "
+                         "the host: run this module from a task, not on its own")
     if not p["payload"]:
         module.fail_json(msg="hostlock.core.locked runs through its action plugin, which builds the wrapped "
                          "module: run it from a playbook task (payload missing)")

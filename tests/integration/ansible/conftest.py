@@ -158,3 +158,17 @@ def engine():
     import hostlock
 
     return hostlock
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A real etcd member on 127.0.0.1 (tests/fleet_etcd.py) for the fleet tests; skips without the binaries."""
+    import fleet_etcd
+
+    if not fleet_etcd.have_etcd():
+        pytest.skip("etcd/etcdctl not installed (make test-ansible installs etcd-server and etcd-client)")
+    member = fleet_etcd.start_etcd(str(tmp_path))
+    try:
+        yield member
+    finally:
+        member.stop()
