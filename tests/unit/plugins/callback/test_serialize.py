@@ -130,3 +130,24 @@ def test_messages_go_to_stderr_never_stdout(callback, capsys):
     out, err = capsys.readouterr()
     assert out == "", out
     assert "host x is busy" in err and "HOSTLOCK RECAP" in err, err
+
+
+def test_fleet_lock_set_id_ignores_the_local_directory_and_endpoint_spelling(tmp_path):
+    """With a fleet, runs on other control nodes (other local directories, endpoints listed differently)
+    must find the same in-flight marks on the hosts; another key prefix is another lock set."""
+    ids = []
+    for directory, fleet in (("a", "etcd://h1:2379,h2:2379/team"), ("b", "etcd://h2:2379,h1:2379/team/"),
+                             ("a", "etcd://h1:2379/other"), ("a", None)):
+        cb = callback_loader.get("hostlock.core.serialize")
+        cb.set_options(direct=dict(directory=str(tmp_path / directory), fleet=fleet))
+        ids.append(cb._scope())
+    assert ids[0] == ids[1]
+    assert len({ids[0], ids[2], ids[3]}) == 3
+
+
+def test_a_lost_fleet_lock_ends_the_run_before_the_next_task(callback):
+    callback._check_lost()  # nothing lost: nothing happens
+    callback._lost.append("ansible-host@web1")
+    with pytest.raises(SystemExit) as ended:
+        callback.v2_playbook_on_task_start(None, False)
+    assert ended.value.code == 79
