@@ -470,10 +470,14 @@ class CallbackModule(CallbackBase):
     def _give_up(self, what: str, holders: list, waited: float) -> t.NoReturn:
         self._end_run(
             f"hostlock.core.serialize: {what} is still held after {waited:.1f}s by {describe_holders(holders)}; "
-            "ending this run. Run `hostlock status` on the control node to see who, raise the timeout "
+            f"ending this run. Run {self._status_hint()} to see who, raise the timeout "
             "(HOSTLOCK_SERIALIZE_TIMEOUT) or retry later.",
             EXIT_BUSY,
         )
+
+    def _status_hint(self) -> str:
+        fleet = self._fleet()
+        return f"`hostlock status --fleet {fleet}`" if fleet else "`hostlock status` on the control node"
 
     def _end_run(self, msg: str, code: int) -> t.NoReturn:
         """Stop ansible-playbook now: a raised Exception would only become a warning and the play would run."""
