@@ -188,7 +188,6 @@ import resource
 import time
 import typing as t
 import uuid
-from urllib.parse import urlsplit
 
 from ansible import context
 from ansible.playbook.block import Block
@@ -554,8 +553,10 @@ class CallbackModule(CallbackBase):
         the prefix. Runs of other control nodes on the same fleet find the same id on the hosts."""
         fleet = self._fleet()
         if fleet:
+            from ansible_collections.hostlock.core.plugins.module_utils.hostlock._fleet import parse
+
             # the etcd key prefix, not the URL: control nodes may list the endpoints differently
-            where = "etcd:" + (urlsplit(fleet).path.strip("/") or "hostlock")
+            where = "etcd:" + parse(fleet).prefix
         else:
             where = os.path.abspath(self.get_option("directory") or default_directory())
         key = f"{where}\0{self.get_option('prefix')}".encode("utf-8", "surrogateescape")

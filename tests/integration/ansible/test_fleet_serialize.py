@@ -35,7 +35,7 @@ def _prefix(fleet: str) -> str:
 
 def _in_flight_waiters(fleet: str, host: str) -> list[int]:
     """Pids of the in-flight wait scripts of this fleet's lock set that found work and sleep between scans."""
-    scope = hashlib.sha256(f"etcd:{_prefix(fleet)}\0ansible-host@".encode()).hexdigest()[:12]
+    scope = hashlib.sha256(f"etcd:{_prefix(fleet)}/\0ansible-host@".encode()).hexdigest()[:12]
     mark = f"{scope}:{host}".encode()
     procs = {}
     for entry in Path("/proc").iterdir():
