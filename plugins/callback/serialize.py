@@ -203,6 +203,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     status,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common import (
+    EX_LOST,
     EX_TEMPFAIL,
     EX_USAGE,
     describe_error,
@@ -213,7 +214,7 @@ from ansible_collections.hostlock.core.plugins.plugin_utils._controller import c
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).
 EXIT_BUSY = EX_TEMPFAIL
 # A run that lost a fleet lock ends with the code `hostlock run --fleet` exits with then (docs/cli.md).
-EXIT_LOST = 79
+EXIT_LOST = EX_LOST
 # With a fleet, each lock is an etcd lease kept alive by the run: plays whose hosts plus buckets exceed this
 # take their buckets exclusive instead (at most 64 leases), as descriptors bound local locks.
 FLEET_BUDGET = 128
