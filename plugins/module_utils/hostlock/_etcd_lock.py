@@ -346,7 +346,8 @@ class EtcdLocker:
         grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline),
                        sent=sent)
         lease = int(grant["ID"])
-        session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], self.on_lost)
+        # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, below).
+        session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], None)
         key = self.prefix + b"%x" % lease
         ok = False
         try:
@@ -383,6 +384,7 @@ class EtcdLocker:
                 session.watch_key(key)
             ahead = blockers(entries, idx)
             if not ahead:
+                session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
                 if session.lost:
                     raise self._gone(session, "lost %s while taking it" % self.path)
                 return EtcdHeld(key, lease, me.rev, session)
