@@ -113,8 +113,8 @@ def is_alive(pid: int, start: str | None, boot: str | None, host: str | None,
         return False  # recorded before the last reboot
     if pidns and pidns != _Self.get().pidns:
         return None  # another PID namespace: this pid number names some other process here, or none
-    if pid <= 0:
-        return None
+    if pid <= 0 or pid > 0x7FFFFFFF:
+        return None  # no such pid can exist (kill() takes a C int): a record's number, not a process
     if _HAS_PROC:
         stat = _read("/proc/%d/stat" % pid)
         if stat is None:
