@@ -57,7 +57,7 @@ class ActionModule(ActionBase):
         name = p["name"]
         error = params_error(p)
         if error is None and p["directory"]:
-            error = "directory and fleet exclude each other: a fleet lock lives in etcd, not in a lock directory"
+            error = _fleet.DIRECTORY_CONFLICT
         if error:
             return dict(failed=True, msg=f"lock {name}: {error}", name=name)
         marker = run_marker()

@@ -34,8 +34,7 @@ class ActionModule(ActionBase):
             return result
         _validation, p = self.validate_argument_spec(ARGUMENT_SPEC)
         if p["directory"]:
-            return dict(result, failed=True, msg="lock_info: directory and fleet exclude each other: a fleet lock "
-                        "lives in etcd, not in a lock directory")
+            return dict(result, failed=True, msg=f"lock_info: {_fleet.DIRECTORY_CONFLICT}")
         try:
             found = [status(p["name"], fleet=fleet)] if p["name"] else list_locks(fleet=fleet)
         except (HostlockError, ValueError) as e:

@@ -203,8 +203,7 @@ class ActionModule(ActionBase):
         name = args["name"]
         info: dict[str, t.Any] = dict(name=name, module=fqcn, fleet=fleet, taken=False, waited=0.0)
         if args["directory"]:
-            return dict(failed=True, msg=f"lock {name}: directory and fleet exclude each other: a fleet lock lives "
-                        "in etcd, not in a lock directory", **{RESULT_KEY: info})
+            return dict(failed=True, msg=f"lock {name}: {_fleet.DIRECTORY_CONFLICT}", **{RESULT_KEY: info})
         # "[run ID task]", not "[run ID]": a lock this run holds only for one task ends by itself, so other
         # hosts of the run may wait for it (a semaphore spreading the run's hosts over its slots).
         label = f"{args['label'] or task_label(self._task, task_vars)} [run {run_id()} task]"

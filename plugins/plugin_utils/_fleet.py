@@ -38,6 +38,9 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
 
 # The controller's environment variable naming the fleet, as for the hostlock command (--fleet).
 FLEET_ENV = "HOSTLOCK_FLEET"
+# A task that names both: the CLI refuses --dir beside a fleet alike (never a silent fall-back either way).
+DIRECTORY_CONFLICT = ("directory and fleet exclude each other: a fleet lock lives in etcd, not in a lock directory "
+                      "(fleet: '' takes a host lock even when HOSTLOCK_FLEET is set)")
 # The options the action plugins handle on the controller and never send to a host.
 CONTROLLER_OPTIONS = ("fleet", "ttl")
 
