@@ -225,3 +225,40 @@ def test_a_slot_taker_never_joins_an_exclusive_holder(etcd, tmp_path):
         hostlock.Lock("db", slots=2, fleet=etcd.url).acquire(timeout=0)
     one.release()
     two.release()
+
+
+def documented_fenced_txn() -> str:
+    """The shell snippet docs/fleet.md gives for a fenced write into etcd (tested as written there)."""
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "fleet.md")
+    with open(doc) as f:
+        text = f.read()
+    section = text[text.index("**Data in etcd itself:**"):]
+    block = section[section.index("```sh\n") + len("```sh\n"):]
+    return "\n".join(line[2:] for line in block[:block.index("```")].splitlines())
+
+
+def test_the_documented_fenced_etcd_write_refuses_a_stale_holder(etcd):
+    script = documented_fenced_txn()
+    env = dict(os.environ, ETCDCTL_API="3", ETCDCTL_ENDPOINTS=etcd.endpoint,
+               PATH=os.path.dirname(fleet_etcd.ETCDCTL) + os.pathsep + os.environ["PATH"])
+
+    def write(fence: int) -> subprocess.CompletedProcess:
+        etcd.etcdctl("del", "config/release")
+        return subprocess.run(["sh", "-c", script], env=dict(env, HOSTLOCK_FENCE=str(fence)), capture_output=True,
+                              text=True, timeout=WAIT)
+
+    def written() -> str:
+        return etcd.etcdctl("get", "config/release", "--print-value-only").stdout.strip()
+
+    old = hostlock.Lock("deploy", fleet=etcd.url)
+    old.acquire()
+    stale = old.fence
+    r = write(stale)
+    assert r.returncode == 0 and written() == "v42", r.stderr
+    old.release()
+    with hostlock.Lock("deploy", fleet=etcd.url) as new:
+        assert new.fence > stale
+        r = write(stale)  # the old holder, resumed after its loss, still carrying its fence
+        assert r.returncode == 1 and "stale fence" in r.stderr and written() == ""
+        r = write(new.fence)
+        assert r.returncode == 0 and written() == "v42", r.stderr
