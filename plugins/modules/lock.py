@@ -109,7 +109,7 @@ options:
     description:
       - Take a B(fleet lock) in etcd instead of a host lock, for example V(etcd://10.0.0.5:2379) or
         V(etcds://etcd1:2379,etcd2:2379/team-a?cacert=/etc/ssl/etcd-ca.pem) (see
-        M(hostlock.core.locked#module:fleet) for the URL).
+        O(hostlock.core.locked#module:fleet) for the URL).
       - Defaults to E(HOSTLOCK_FLEET) in the B(controller's) environment; V('') means a host lock even
         when E(HOSTLOCK_FLEET) is set.
       - The controller takes the lease and the host is not contacted (it needs no route to etcd). The

@@ -30,7 +30,7 @@ options:
   fleet:
     description:
       - Report fleet locks in etcd instead of the host's locks, for example V(etcd://10.0.0.5:2379) (see
-        M(hostlock.core.locked#module:fleet) for the URL). The controller reads etcd; the host is not
+        O(hostlock.core.locked#module:fleet) for the URL). The controller reads etcd; the host is not
         contacted.
       - Defaults to E(HOSTLOCK_FLEET) in the B(controller's) environment; V('') means host locks even when
         E(HOSTLOCK_FLEET) is set.
@@ -40,10 +40,15 @@ options:
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   action:
     support: full
     details: A controller-side action reads fleet locks (O(fleet)) itself; host locks are read on the host.
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
   check_mode:
     support: full
     details: The module only reads; it runs the same in check mode.
