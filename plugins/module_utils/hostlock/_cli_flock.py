@@ -182,7 +182,7 @@ def _size_arg(value: str, what: str) -> int:
     digits = text
     unit = ""
     for i, ch in enumerate(text):
-        if not ch.isdigit():
+        if not "0" <= ch <= "9":  # ASCII only: str.isdigit() takes "²", which int() refuses
             digits, unit = text[:i], text[i:]
             break
     base = 1024
