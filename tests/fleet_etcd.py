@@ -151,12 +151,11 @@ class Cluster:
 
 
 def start_cluster(tmp_path: str, size: int = 3) -> Cluster:
-    ports = [(free_port(), free_port()) for _ in range(size)]
-    names = ["m%d" % i for i in range(size)]
-    initial = ",".join("%s=http://127.0.0.1:%d" % (n, p) for n, (_c, p) in zip(names, ports, strict=True))
-    token = "hostlock-test-%d" % ports[0][1]  # one token for the cluster: members of one cluster share its ID
-    members = [Etcd(n, os.path.join(str(tmp_path), n + ".data"), c, p, initial, token=token)
-               for n, (c, p) in zip(names, ports, strict=True)]
+    # (name, client port, peer port) per member; no zip(strict=): the engine's Pythons (3.8+) run this too.
+    spec = [("m%d" % i, free_port(), free_port()) for i in range(size)]
+    initial = ",".join("%s=http://127.0.0.1:%d" % (n, p) for n, _c, p in spec)
+    token = "hostlock-test-%d" % spec[0][2]  # one token for the cluster: members of one cluster share its ID
+    members = [Etcd(n, os.path.join(str(tmp_path), n + ".data"), c, p, initial, token=token) for n, c, p in spec]
     for m in members:
         m.start()
     for m in members:

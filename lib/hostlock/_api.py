@@ -65,7 +65,9 @@ def _track(lock: Lock) -> None:
 
 
 class Lock:
-    """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory."""
+    """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory, or with
+    `fleet=URL` in an etcd cluster shared by many hosts (ttl: the etcd lease's seconds; on_lost: called once,
+    from the keep-alive thread, when a held fleet lock is known lost)."""
 
     def __init__(self, name: str, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
                  mechanism: str = "auto", label: str | None = None, fifo: bool = True, fleet: str | None = None,

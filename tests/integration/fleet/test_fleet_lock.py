@@ -401,9 +401,13 @@ def _make_pki(d) -> dict:
     def ssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=str(d), check=True, capture_output=True)
 
+    # Extensions as Python 3.13's strict verification (VERIFY_X509_STRICT) requires of a CA and its leaves.
     ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=hostlock test CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
         "-keyout", "ca.key", "-out", "ca.pem")
-    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+                               "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                               "authorityKeyIdentifier=keyid,issuer\nsubjectKeyIdentifier=hash\n")
     for who in ("server", "client"):
         ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=%s" % who, "-keyout", who + ".key",
             "-out", who + ".csr")
