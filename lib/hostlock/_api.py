@@ -171,6 +171,16 @@ class Lock:
         session = getattr(self._held, "session", None)
         return bool(session is not None and session.lost)
 
+    @property
+    def valid_until(self) -> float | None:
+        """While a fleet lock is held: the CLOCK_BOOTTIME second up to which it is surely still ours (the last
+        answered keep-alive's send + TTL, minus a margin; etcd's own expiry is later). Host locks: None.
+
+        `hostlock run`'s watcher kills the job at this moment if hostlock has not reported a later one (hostlock
+        stopped or hung), so the job does not outlive a lease that hostlock cannot keep."""
+        session = getattr(self._held, "session", None)
+        return None if session is None else session.expires
+
     def check(self) -> None:
         """Raise LockLost if the held fleet lock was lost; call it before acting on what the lock protects."""
         if self.lost:

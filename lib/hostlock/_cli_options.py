@@ -325,14 +325,17 @@ def job_of(o: Options, lock: Lock, out_fd: int | None = None) -> Job:
     """The supervisor's job spec from the options and the held lock (decides the process group now).
 
     A fleet lock has no descriptor for the watcher to keep: the job gets the lock's fence and fleet in
-    its environment, and is stopped (abort) the moment the engine knows the lock is lost.
+    its environment, is stopped (abort) the moment the engine knows the lock is lost, and the watcher
+    kills it when the lease's deadline passes while hostlock is stopped (valid_until).
     """
-    env = abort = None
+    env = abort = valid_until = None
     if o.fleet is not None:
         env = {"HOSTLOCK_FENCE": str(lock.fence), c.FLEET_ENV: o.fleet}
         abort = lambda: lock.lost  # noqa: E731 - read at each wake-up of the supervisor
+        valid_until = lambda: lock.valid_until  # noqa: E731 - the watcher's deadline, passed on as it moves
     return Job(o.command, env=env, new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout,
-               kill_after=o.kill_after, verbose=o.verbose, lock_fds=lock.descriptors(), abort=abort)
+               kill_after=o.kill_after, verbose=o.verbose, lock_fds=lock.descriptors(), abort=abort,
+               valid_until=valid_until)
 
 
 def where(lock: Lock) -> str:

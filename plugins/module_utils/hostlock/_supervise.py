@@ -25,7 +25,9 @@ Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
   TTL, and the watcher kills the job at once, so the job is dead long before the lease can expire. When
   the lock is lost while hostlock lives (the engine's keep-alive thread knows first), the job is stopped
   like a timed-out one (SIGTERM, SIGKILL after kill_after): the thread sets the lock's flag and wakes
-  this loop with WAKE, sent to this thread alone (`waker`), which then reads `job.abort()`.
+  this loop with WAKE, sent to this thread alone (`waker`), which then reads `job.abort()`. A hostlock
+  that is alive but stopped can do neither, so the watcher also gets the lease's deadline ("v DEADLINE
+  GRACE" lines, as renewals move it) and kills the job when it passes while hostlock is stopped.
 - Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
   no subprocess, argparse, re or json). The watcher's killing code (`_jobkill`) is imported only by a
   watcher whose hostlock died.
@@ -59,13 +61,14 @@ class Job:
     """What to run and how; no command-line options, no lock."""
 
     __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose", "lock_fds", "watch",
-                 "abort")
+                 "abort", "valid_until")
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, new_group: bool = True,
                  out_fd: int | None = None, time_limit: float | None = None,
                  kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False,
                  lock_fds: tuple[int, ...] | list[int] = (), watch: bool = True,
-                 abort: Callable[[], bool] | None = None) -> None:
+                 abort: Callable[[], bool] | None = None,
+                 valid_until: Callable[[], float | None] | None = None) -> None:
         self.argv = argv
         self.env = env  # added to (or replacing entries of) our environment; None: ours unchanged
         self.new_group = new_group  # the job leads its own process group (killed whole with us)
@@ -82,12 +85,17 @@ class Job:
         # True once the job must stop (its fleet lock was lost): read when WAKE arrives (see waker), then
         # SIGTERM, SIGKILL after kill_after, as for the time limit. None: nothing can abort the job.
         self.abort = abort
+        # A lock without a descriptor (a fleet lock) tells until when it is surely held (CLOCK_BOOTTIME): we
+        # pass each new deadline on to the watcher, which kills the job if one passes without a later one
+        # while hostlock is stopped (the lease then ends with nobody left to stop the job). None: no deadline.
+        self.valid_until = valid_until
 
     def tagged(self, tag: str) -> Job:
         """This job with HOSTLOCK_JOB=tag added to its environment."""
         job = Job(self.argv, env=dict(self.env or (), HOSTLOCK_JOB=tag), new_group=self.new_group,
                   out_fd=self.out_fd, time_limit=self.time_limit, kill_after=self.kill_after,
-                  verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch, abort=self.abort)
+                  verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch, abort=self.abort,
+                  valid_until=self.valid_until)
         return job
 
 
@@ -234,8 +242,9 @@ def _in_terminal_foreground() -> bool:
 def _start_watcher(lock_fds: tuple[int, ...]) -> tuple[int, int]:
     """Fork the watcher; returns (our end of its pipe, its pid). See the module docstring for why.
 
-    hostlock writes the job's pid and a newline once the job is forked, and "x" when the job has ended; the
-    watcher gets EOF without "x" only when hostlock died, however (its last copy of the write end closes).
+    hostlock writes the job's pid and a newline once the job is forked, for a fleet lock "v DEADLINE GRACE"
+    lines as the lease's deadline moves, and "x" when the job has ended; the watcher gets EOF without "x"
+    only when hostlock died, however (its last copy of the write end closes).
     """
     # Duplicates made before fork: the engine's fork hook closes the Lock's own descriptors in a child.
     keep = [os.dup(fd) for fd in lock_fds]
@@ -257,7 +266,12 @@ def _start_watcher(lock_fds: tuple[int, ...]) -> tuple[int, int]:
 
 
 def _watch(r: int, keep: list[int]) -> None:
-    """The watcher process: wait for hostlock's news; if it dies mid-job, kill the job, then let go."""
+    """The watcher process: wait for hostlock's news; if it dies mid-job, kill the job, then let go.
+
+    For a fleet lock, also if hostlock lets the lease's deadline pass without reporting a later one while
+    it is not running (stopped): see `Job.valid_until`.
+    """
+    parent = os.getppid()  # hostlock: while our pipe is open, it is alive, so this pid is still its
     try:
         os.setsid()  # out of hostlock's group and session, and without a controlling terminal (no SIGHUP)
         # Hold nothing but the pipe and the lock: not our caller's pipes (`out=$(hostlock run ...)` would
@@ -275,23 +289,43 @@ def _watch(r: int, keep: list[int]) -> None:
                 except OSError:
                     pass
         data = b""
+        first = b""  # "PID NEWGROUP TAG": the job is forked, not yet exec'd
         job_stat = b""
+        deadline = None  # a fleet lock's "surely ours until" (CLOCK_BOOTTIME), as hostlock last reported it
+        grace = 0.0
+        deferred = False
         while True:
+            if deadline is not None and not _readable_before(r, deadline):
+                # No later deadline came in time: hostlock is not keeping the lease alive. If it is running
+                # it knows (its lock is lost): it stops the job itself, SIGTERM then SIGKILL after its grace.
+                # Stopped (SIGSTOP, a debugger) or still there after that grace, it cannot: we kill the job
+                # now, before etcd can give the lock to anyone else.
+                if not deferred and _running(parent):
+                    deferred = True
+                    deadline = _boottime() + grace + 1.0
+                    continue
+                break
             try:
-                chunk = os.read(r, 64)
+                chunk = os.read(r, 4096)
             except InterruptedError:
                 continue
             if not chunk:
-                break
+                break  # hostlock died
             data += chunk
             if data.endswith(b"x"):
                 return  # the job ended under hostlock's eye: nothing to do
-            if not job_stat and b"\n" in data:  # "PID NEWGROUP\n": the job is forked, not yet exec'd
-                job_stat = _read_stat(int(data.split()[0]))  # its start time: proof against pid reuse
-        if b"\n" in data:
+            while b"\n" in data:
+                line, data = data.split(b"\n", 1)
+                if not first:
+                    first = line
+                    job_stat = _read_stat(int(line.split()[0]))  # its start time: proof against pid reuse
+                elif line.startswith(b"v "):  # "v DEADLINE GRACE": the lease was renewed up to DEADLINE
+                    words = line.split()
+                    deadline, grace, deferred = float(words[1]), float(words[2]), False
+        if first:
             from ._jobkill import kill_job
 
-            words = data.split()
+            words = first.split()
             job, group = int(words[0]), words[1] == b"1"
             try:
                 kill_job(job, group, job_stat, words[2] if len(words) > 2 else b"")
@@ -301,6 +335,37 @@ def _watch(r: int, keep: list[int]) -> None:
         pass
     finally:
         os._exit(0)  # only now does the lock's last descriptor close
+
+
+def _boottime() -> float:
+    """CLOCK_BOOTTIME, the fleet engine's clock (it counts the time a stopped process did not run)."""
+    from ._etcd import boottime  # only a fleet lock's watcher asks: the engine is loaded already
+
+    return boottime()
+
+
+def _readable_before(fd: int, deadline: float) -> bool:
+    """Whether `fd` has data (or EOF) before CLOCK_BOOTTIME `deadline`."""
+    import select  # a fleet lock's watcher only
+
+    while True:
+        left = deadline - _boottime()
+        if left <= 0:
+            return bool(select.select([fd], [], [], 0)[0])
+        try:
+            return bool(select.select([fd], [], [], left)[0])
+        except InterruptedError:
+            continue
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is there and not stopped or traced (state T or t in /proc/PID/stat)."""
+    stat = _read_stat(pid)
+    try:
+        state = stat.rsplit(b")", 1)[1].split()[0]
+    except IndexError:
+        return False
+    return state not in (b"T", b"t", b"Z", b"X")
 
 
 def _read_stat(pid: int) -> bytes:
@@ -407,6 +472,25 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
             os.setpgid(pid, pid)  # also here: no window where a forwarded signal misses the new group
         except OSError:
             pass  # EACCES: the child already exec'd, after its own setpgid
+    valid_until = job.valid_until if watcher >= 0 else None
+    told = None  # the deadline the watcher knows
+
+    def tell() -> float | None:
+        """Pass the lock's current deadline on to the watcher; returns when to do it again (monotonic)."""
+        nonlocal valid_until, told
+        until = valid_until() if valid_until is not None else None
+        if until is None:
+            return None
+        if until != told:
+            try:
+                os.write(watcher, b"v %.6f %.3f\n" % (until, job.kill_after))
+            except OSError:  # the watcher is gone (it killed the job: we learn it from waitpid)
+                valid_until = None
+                return None
+            told = until
+        # Well before the deadline the watcher knows: a renewal moves it every TTL/4 or so.
+        return time.monotonic() + min(1.0, max(0.05, (until - _boottime()) / 4))
+
     if watcher >= 0:
         try:
             os.write(watcher, ("%d %d %s\n" % (pid, new_group, tag)).encode())
@@ -417,6 +501,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
     except OSError:
         pass  # EPIPE: the child is already gone (killed from outside); waitpid tells how
     os.close(gate_w)
+    beat = tell() if valid_until is not None else None
     if on_start is not None:
         on_start(pid)
     if verbose:
@@ -458,10 +543,15 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 break
             if done == pid:
                 break
-            if deadline is None:
+            wake_at = deadline if beat is None else beat if deadline is None else min(deadline, beat)
+            if wake_at is None:
                 info = _signal.sigwaitinfo(waited)
             else:
-                info = _signal.sigtimedwait(waited, max(0.0, deadline - time.monotonic()))
+                info = _signal.sigtimedwait(waited, max(0.0, wake_at - time.monotonic()))
+            if info is None and beat is not None and time.monotonic() >= beat:
+                beat = tell()
+                if deadline is None or time.monotonic() < deadline:
+                    continue
             if info is None:  # the deadline passed
                 if not terminated:
                     timed_out = terminated = True

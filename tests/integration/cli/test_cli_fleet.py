@@ -199,9 +199,12 @@ def test_hostlock_killed_kills_the_job_and_the_lease_frees_the_lock(cli, etcd):
     a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "deploy", "-c",
                   "echo $$ > %s; while :; do sleep 0.02; done" % jobpid, env=controller(cli, "a"))
     pid = int(wait_file(jobpid))
-    # The next holder checks that the old job is gone by the time it runs.
+    # The next holder checks that the old job is gone by the time it runs (a zombie counts as gone: it runs
+    # nothing; init here may take its time to reap it).
     b = cli.start("run", "--fleet", etcd.url, "-w", "5m", "deploy", "-c",
-                  "if kill -0 %d 2>/dev/null; then echo overlap; exit 98; fi; echo ok" % pid, env=controller(cli, "b"))
+                  "st=$(cut -d' ' -f3 /proc/%d/stat 2>/dev/null); "
+                  "if [ -n \"$st\" ] && [ \"$st\" != Z ]; then echo overlap; exit 98; fi; echo ok" % pid,
+                  env=controller(cli, "b"))
     wait_waiters(cli, etcd.url, "deploy", 1)
     os.kill(a.pid, signal.SIGKILL)  # hostlock alone: its watcher kills the job; nobody releases the lock
     wait_until(lambda: not pid_alive(pid), 60, "the job killed by the watcher")
@@ -209,21 +212,41 @@ def test_hostlock_killed_kills_the_job_and_the_lease_frees_the_lock(cli, etcd):
     assert b.stdout.read() == "ok\n"
 
 
-def test_a_stopped_hostlock_learns_on_resuming_that_its_lock_is_gone(cli, etcd):
-    got = cli.tmp / "got-term"
-    script, started, _go = gated(cli, "a", "trap 'echo term > %s; exit 0' TERM;" % got)
-    a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "deploy", "-c", script, env=controller(cli, "a"))
-    wait_file(started)
-    os.kill(a.pid, signal.SIGSTOP)  # hostlock alone: its lease expires, its job runs on
+def test_a_stopped_hostlock_cannot_keep_its_job_beyond_the_lease(cli, etcd):
+    """hostlock SIGSTOPped alone: its job would run on unlocked. The watcher knows the lease's deadline and
+    that hostlock is stopped, so it kills the job then, before etcd frees the lock; on resuming, hostlock
+    finds its lock lost and exits 79. The new holder's fence is greater."""
+    jobpid = cli.tmp / "jobpid"
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "deploy", "-c",
+                  "echo $$ > %s; while :; do sleep 0.02; done" % jobpid, env=controller(cli, "a"))
+    pid = int(wait_file(jobpid))
+    fence = status(cli, etcd.url, "deploy")["locks"][0]["holders"][0]["fence"]
+    os.kill(a.pid, signal.SIGSTOP)  # hostlock alone, not the job: only the watcher can stop the job now
     try:
+        wait_until(lambda: not pid_alive(pid), 120, "the watcher to kill the job of a stopped hostlock")
         b = cli.run("run", "--fleet", etcd.url, "-w", "5m", "deploy", "-c", 'echo "$HOSTLOCK_FENCE"',
                     env=controller(cli, "b"), timeout=300)
     finally:
         os.kill(a.pid, signal.SIGCONT)
     assert b.returncode == 0, b.stderr
-    assert int(b.stdout) > int(started.read_text())  # the new holder's fence is greater
+    assert int(b.stdout) > fence
     assert a.wait(timeout=60) == 79
-    assert got.read_text() == "term\n"
+    last = a.stderr.read().splitlines()[-1]
+    assert "; fence %d; job killed by signal 9 (SIGKILL)" % fence in last, last
+
+
+def test_a_running_hostlock_stops_its_job_itself_when_the_lease_cannot_be_kept(cli, etcd):
+    """etcd stopped under a holder: hostlock (running) gives its job SIGTERM and --kill-after to clean up; the
+    watcher, whose deadline passed too, leaves that to hostlock rather than SIGKILL the job at once."""
+    got = cli.tmp / "got-term"
+    script, started, _go = gated(cli, "a", "trap 'echo term > %s; exit 0' TERM;" % got)
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "--kill-after", "1m", "deploy", "-c", script,
+                  env=controller(cli, "a"))
+    wait_file(started)
+    etcd.stop()
+    assert a.wait(timeout=120) == 79
+    assert got.read_text() == "term\n"  # SIGTERM, not the watcher's SIGKILL
+    assert "job stopped, exit status 0" in a.stderr.read().splitlines()[-1]
 
 
 def test_an_unreachable_fleet_is_76_naming_the_endpoint(cli):
