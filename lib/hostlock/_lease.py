@@ -65,8 +65,14 @@ def _split(token: object) -> tuple[str, str]:
 
 
 def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
-         timeout: float | None = None, mechanism: str = "auto", label: str | None = None) -> str:
-    """Take `name` in a detached holder process for `lease` seconds; returns the token to release it."""
+         timeout: float | None = None, mechanism: str = "auto", label: str | None = None,
+         in_flight: bool = False) -> str:
+    """Take `name` in a detached holder process for `lease` seconds; returns the token to release it.
+
+    With `in_flight`, a lease that runs out (rather than being released) keeps the lock until no process
+    carrying in_flight_environment(token) is left: the work it protected, still running when its owner
+    stopped renewing (a killed controller), never overlaps the next holder's.
+    """
     from ._api import Lock
 
     lease = check_duration(lease, "lease", positive=True)
@@ -84,7 +90,8 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
             os.close(r)
             os.setsid()
             if os.fork() == 0:
-                _holder(w, name, lease, mode, slots, directory, timeout, mechanism, label, token_id, secret)
+                _holder(w, name, lease, mode, slots, directory, timeout, mechanism, label, token_id, secret,
+                        in_flight)
         finally:
             os._exit(0)
     os.close(w)
@@ -124,7 +131,8 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
 
 
 def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: str, timeout: float | None,
-            mechanism: str, label: str | None, token_id: str, secret: str) -> None:  # pragma: no cover
+            mechanism: str, label: str | None, token_id: str, secret: str,
+            in_flight: bool = False) -> None:  # pragma: no cover
     import signal
 
     os.write(w, b"PID %d\n" % os.getpid())
@@ -174,7 +182,13 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
     report("OK %.3f" % expires)
     os.close(w)
     try:
-        _Channel(sock, lock, name, secret, lease).serve()
+        channel = _Channel(sock, lock, name, secret, lease)
+        channel.serve()
+        if in_flight and not channel.done:  # the lease ran out: its owner stopped renewing, never said "done"
+            sock.close()
+            key, value = _in_flight_entry(token_id, secret)
+            lock.update_record(lease="", job_cmdline="waiting for the in-flight work of its lease to end")
+            wait_in_flight(key, value)
     finally:
         sock.close()  # stop answering first, so nobody reaches a holder that no longer holds
         lock.release()
@@ -183,6 +197,80 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
                 os.unlink(_address(directory, token_id))
             except OSError:
                 pass
+
+
+IN_FLIGHT_PREFIX = "HOSTLOCK_LEASE_"
+
+
+def _in_flight_entry(tid: str, secret: str) -> tuple[str, str]:
+    # The value is proven with the secret: the token id is public (status shows it), so anyone could
+    # otherwise start a process that keeps a root holder's lock past its lease.
+    return IN_FLIGHT_PREFIX + tid, _proof(secret, "in-flight", tid)[:32]
+
+
+def in_flight_environment(token: str) -> dict:
+    """The environment variable that marks a process (and its children) as work under this lease.
+
+    A lease taken with in_flight=True that runs out waits for every process carrying it before it frees
+    the lock (Ansible: the `environment:` of the block the lease protects).
+    """
+    key, value = _in_flight_entry(*_split(token))
+    return {key: value}
+
+
+def _marked(entry: bytes, own: int) -> list:
+    """Pids whose initial environment holds `entry` (KEY=VALUE), other than `own`; unreadable ones are skipped."""
+    found: list = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == own:
+            continue
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                # A process of another user is unreadable (EACCES) unless we are root: not work we could see.
+                if entry in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def wait_in_flight(key: str, value: str, poll: float = 0.2) -> None:
+    """Return once no process carries KEY=VALUE in its environment (Linux /proc; elsewhere at once).
+
+    Waits on pidfds (Linux 5.3+, Python 3.9+) of the processes found, then scans again: their children
+    inherit the mark and are found by the next scan. Without pidfds it scans every `poll` seconds.
+    """
+    import select
+
+    entry = ("%s=%s" % (key, value)).encode()
+    own = os.getpid()
+    opener = getattr(os, "pidfd_open", None)
+    while True:
+        pids = _marked(entry, own)
+        if not pids:
+            return
+        fds = []
+        for pid in pids:
+            try:
+                if opener is not None:
+                    fds.append(opener(pid))
+            except OSError:  # an old kernel, or it just ended: the next scan tells
+                pass
+        try:
+            if fds and len(fds) == len(pids):
+                waiter = select.poll()
+                for fd in fds:
+                    waiter.register(fd, select.POLLIN)  # a pidfd is readable once its process has exited
+                waiter.poll()
+            else:
+                time.sleep(poll)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 def _listen(directory: str, tid: str) -> socket.socket:

@@ -1,17 +1,22 @@
 # Copyright: (c) 2025, hostlock maintainers
 # GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Action for hostlock.core.lock: names the play, task, controller and run in the lock's label.
+"""Action for hostlock.core.lock: names the play, task, controller and run in the lock's label, and keeps
+`heartbeat: true` leases alive from the controller while the run lives.
 
 A module on the host cannot see which play or task runs it; this controller-side step can, and adds
 no round trip (the module is still run exactly once). With `fleet` (or $HOSTLOCK_FLEET on the controller)
-the lease is an etcd lease taken here, on the controller, and the host is not contacted at all.
+the lease is an etcd lease taken here, on the controller, and the host is not contacted at all. With
+`heartbeat: true` it starts, once a host lease is taken, the lease's heartbeat on the control node
+(plugin_utils/_heartbeat.py), and a `state: released` with a token stops that heartbeat before releasing.
 """
 
 from __future__ import annotations
 
+import os
 import typing as t
 
+from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError
 from ansible_collections.hostlock.core.plugins.modules.lock import (
@@ -20,9 +25,11 @@ from ansible_collections.hostlock.core.plugins.modules.lock import (
     REQUIRED_IF,
     params_error,
 )
-from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_marker
+
+LOCK_MODULE = "hostlock.core.lock"
 
 
 class ActionModule(ActionBase):
@@ -34,14 +41,25 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         del tmp
         fleet = _fleet.fleet_of(self._task.args)
+        if fleet and boolean(self._task.args.get("heartbeat"), strict=False):
+            return dict(result, failed=True, msg=f"lock {self._task.args.get('name')}: heartbeat applies to host "
+                        "leases; a fleet lease is kept alive by its own ttl")
         if fleet:
             result.update(self._run_fleet(fleet, task_vars))
             return result
         args = _fleet.host_args(self._task.args)
-        if args.get("state", "acquired") == "acquired" and not args.get("token"):
+        releasing = args.get("state", "acquired") == "released"
+        if not releasing and not args.get("token"):
             # the run marker lets the host refuse at once a wait on a lock this same run holds
             args["label"] = f"{args.get('label') or task_label(self._task, task_vars)} {run_marker()}"
-        result.update(self._execute_module(module_name="hostlock.core.lock", module_args=args, task_vars=task_vars))
+        token = args.get("token")
+        if releasing and isinstance(token, str) and not self._task.check_mode:
+            # stop renewing first: a renewal racing the release could only fail, but why send it
+            _heartbeat.stop(token.partition(".")[0])
+        result.update(self._execute_module(module_name=LOCK_MODULE, module_args=args, task_vars=task_vars))
+        info = result.get("hostlock") or {}
+        if info.get("event") == "acquired" and boolean(args.get("heartbeat"), strict=False) and result.get("token"):
+            result["heartbeat"] = self._start_heartbeat(args, result, task_vars or {})
         if result.get("hostlock", {}).get("event") == "renewed" and isinstance(args.get("token"), str):
             # The module masks values equal to its no_log parameter, so a renewal's `token` comes back as
             # VALUE_SPECIFIED_IN_NO_LOG_PARAMETER; a playbook re-registering it would lose the lease. It
@@ -74,3 +92,40 @@ class ActionModule(ActionBase):
         if lease.warnings:
             out["warnings"] = lease.warnings
         return dict(out, name=name)
+
+    def _start_heartbeat(self, args: dict, result: dict, task_vars: dict) -> dict:
+        """Renew the lease from the control node until its release or the end of this run."""
+        lease = float(result["lease"])
+        renewal = {
+            "name": args["name"],
+            "token": result["token"],
+            "directory": result.get("directory") or args.get("directory"),
+            "state": "acquired",
+        }
+
+        task_tmpdir = self._connection._shell.tmpdir
+
+        def renew(seconds: float) -> str:  # runs in the heartbeat process, a copy of this worker
+            if self._connection._shell.tmpdir == task_tmpdir:
+                # the task's temporary directory is removed when the task ends: each renewal makes its own
+                self._connection._shell.tmpdir = None
+            try:
+                got = self._execute_module(module_name=LOCK_MODULE, module_args=dict(renewal, lease=seconds),
+                                           task_vars=task_vars)
+            except Exception:  # noqa: BLE001 - connection failures: the next renewal tries again
+                return _heartbeat.UNREACHABLE
+            finally:
+                try:
+                    self._remove_tmp_path(self._connection._shell.tmpdir)
+                except Exception:  # noqa: BLE001 - a leftover temporary directory must not stop the heartbeat
+                    pass
+            if got.get("unreachable"):
+                return _heartbeat.UNREACHABLE
+            if got.get("failed"):
+                # only the holder saying the lease is gone ends the heartbeat; any other failure is retried
+                return _heartbeat.GONE if "cannot renew" in str(got.get("msg")) else _heartbeat.UNREACHABLE
+            return _heartbeat.OK
+
+        # Workers are forked by the ansible-playbook process: the run is our parent.
+        pid = _heartbeat.start(renew, result["token_id"], lease, os.getppid())
+        return dict(pid=pid, every=round(lease / _heartbeat.RENEWALS_PER_LEASE, 3), lease=lease)

@@ -63,6 +63,13 @@ THIN_ACTIONS = {
     "ansible.builtin.shell": ("ansible.legacy.command", {"_uses_shell": True}),
 }
 
+# What to do instead, for tasks that cannot run inside the host-side lock.
+BLOCK_HINT = (
+    "Put it in a block under one lock: hostlock.core.lock with heartbeat: true at the top of the block, "
+    "state: released in its always:, and environment: \"{{ REGISTERED.environment | default({}) }}\" on the "
+    "block (docs/ansible.md, 'Several tasks'): the lock then lives as long as the block's work."
+)
+
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     lease=dict(type="raw"),
@@ -170,7 +177,7 @@ class ActionModule(ActionBase):
         if fqcn in NOT_WRAPPABLE or fqcn == LOCKED_MODULE:
             raise AnsibleActionFail(
                 f"hostlock.core.locked: {fqcn} runs on the controller, not as one step on the host, so it cannot be "
-                "wrapped; take the lock with hostlock.core.lock before it and release it after (docs/ansible.md)"
+                f"wrapped. {BLOCK_HINT}"
             )
         if not ctx.resolved and not has_action:
             raise AnsibleActionFail(f"hostlock.core.locked: no module or action named {name!r} to run (task.module)")
@@ -184,9 +191,9 @@ class ActionModule(ActionBase):
         if has_action:
             raise AnsibleActionFail(
                 f"hostlock.core.locked: {fqcn} has its own action plugin, which runs on the controller (it "
-                "transfers files or picks another module), so it cannot run inside the host-side lock. Lock it "
-                "with hostlock.core.lock around it (docs/ansible.md, 'Several tasks'), or wrap the module that does "
-                "the host's part (for example ansible.builtin.lineinfile, or ansible.builtin.apt for package)"
+                "transfers files or picks another module), so it cannot run inside the host-side lock. "
+                f"{BLOCK_HINT} Or wrap the module that does the host's part (for example ansible.builtin.lineinfile, "
+                "or ansible.builtin.apt for package)"
             )
         return fqcn, module_args
 

@@ -65,11 +65,27 @@ options:
   lease:
     description:
       - How long the lock is kept at most, as seconds or a duration (V(10m)). Required with
-        O(state=acquired). At most about 24 days.
+        O(state=acquired), unless O(heartbeat=true) (then V(60) by default). At most about 24 days.
       - The lease is what frees the lock when the playbook never comes back to release it (a killed
         run, a lost connection). Choose it longer than the work it protects; renew it with
-        O(state=acquired) and the O(token) for long work.
+        O(state=acquired) and the O(token) for long work, or let O(heartbeat) renew it.
+      - When the lease runs out while a process carrying RV(environment) still runs on the host (a task of
+        the block it protects, started by a run that was killed), the lock is kept until that process and
+        its children have ended.
     type: raw
+  heartbeat:
+    description:
+      - Keep the lease alive from the control node for as long as this C(ansible-playbook) run lives,
+        renewing it every quarter O(lease). This is how to lock a C(block), an C(include_tasks), a role
+        or a whole play with the same guarantee as M(hostlock.core.locked) (see the examples).
+      - The heartbeat stops at the matching O(state=released). When the run ends without releasing
+        (Ctrl-C, SIGTERM, SIGKILL, a failure that skips the release), it ends the lease at once; the lock is
+        then freed as soon as the run's in-flight work on the host has ended (the processes carrying
+        RV(environment), which the block passes to its tasks). If the heartbeat cannot reach the host (a
+        dropped connection), the lease runs out at most O(lease) after the last renewal.
+      - Only for taking a new lease (not with O(token)).
+    type: bool
+    default: false
   token:
     description:
       - The RV(token) returned when the lock was acquired.
@@ -154,6 +170,28 @@ author:
 """
 
 EXAMPLES = r"""
+- name: Deploy under the deploy lock, freed when this run ends however it ends
+  environment: "{{ deploy_lock.environment | default({}) }}"  # marks the block's work on the host
+  block:
+    - name: Take the deploy lock, kept alive by this run
+      hostlock.core.lock:
+        name: deploy
+        heartbeat: true
+        timeout: 5m
+      register: deploy_lock
+      no_log: true  # the token's secret stays out of the output
+
+    - name: Work under the lock (include_tasks, include_role and import_role work too)
+      ansible.builtin.command: /bin/true
+      changed_when: false
+  always:
+    - name: Release the deploy lock
+      hostlock.core.lock:
+        name: deploy
+        state: released
+        token: "{{ deploy_lock.token }}"
+      when: deploy_lock.token is defined
+
 - name: Take the deploy lock for at most 10 minutes
   hostlock.core.lock:
     name: deploy
@@ -277,6 +315,38 @@ lease_expires:
   returned: when a lease was taken or renewed
   type: float
   sample: 1767225600.5
+lease:
+  description: The lease's length in seconds (what a renewal without O(lease) extends it by).
+  returned: when a lease was taken
+  type: float
+  sample: 60.0
+environment:
+  description:
+    - The environment variable that marks work done under this lease (one per lease, so nested blocks
+      under several leases keep every mark). Pass it to the tasks the lease protects with the
+      C(environment) keyword of their block or play; their processes and every child they start inherit it.
+    - When the lease runs out before it is released (its run was killed and stopped renewing), the lock is
+      kept until no process carrying the mark is left, so the next holder never overlaps that work.
+      Only processes the lease holder's user may inspect count (the same user, or any when it is root).
+    - Its value is derived from the token's secret; like the token, keep it out of the output.
+  returned: when a lease was taken or renewed
+  type: dict
+  sample: {HOSTLOCK_LEASE_3f1c2e5a9b07: 9a0c3e5d7f1b2a4c6e8d0f1a3b5c7d9e}
+heartbeat:
+  description: The lease's heartbeat on the control node (O(heartbeat=true)).
+  returned: when a lease was taken with O(heartbeat=true)
+  type: dict
+  contains:
+    pid:
+      description: The heartbeat process on the control node.
+      type: int
+    every:
+      description: Seconds between renewals.
+      type: float
+    lease:
+      description: The lease each renewal sets, in seconds.
+      type: float
+  sample: {pid: 81234, every: 15.0, lease: 60.0}
 waited:
   description: Seconds spent waiting for the lock.
   returned: always
@@ -385,6 +455,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     renew,
     status,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock._lease import in_flight_environment
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
@@ -393,6 +464,7 @@ ARGUMENT_SPEC = dict(
     slots=dict(type="int", default=1),
     timeout=dict(type="raw"),
     lease=dict(type="raw"),
+    heartbeat=dict(type="bool", default=False),
     token=dict(type="str", no_log=True),
     force=dict(type="bool", default=False),
     directory=dict(type="path"),
@@ -402,7 +474,8 @@ ARGUMENT_SPEC = dict(
     fleet=dict(type="str"),
 )
 # Also used by the action, which checks a fleet task on the controller with the same rules.
-REQUIRED_IF = [("state", "acquired", ("lease",))]
+# lease is required to acquire unless heartbeat=true defaults it: params_error says so (required_if cannot)
+REQUIRED_IF: list = []
 MUTUALLY_EXCLUSIVE = [("token", "force")]
 
 # The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
@@ -411,6 +484,8 @@ RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
 # A bound, not a delay: the holder unlocks first and then answers (hostlock._lease), so when release() returns the
 # lock is free and settle() normally returns at once; this bounds it should status still show our holder.
 RELEASE_SETTLE = 2.0
+# A heartbeat lease's default length: the controller renews it every quarter of it.
+HEARTBEAT_LEASE = 60.0
 
 
 class Conflict(Exception):
@@ -487,7 +562,8 @@ class Task:
         mine = self.mine(token_id) or {}
         expires = mine.get("lease_expires") or time.time() + p["lease"]
         return self.result("acquired", True, f"took lock {self.name} (waited {waited}s, lease {p['lease']}s)",
-                           waited, acquired=True, token=token, token_id=token_id, lease_expires=expires)
+                           waited, acquired=True, token=token, token_id=token_id, lease_expires=expires,
+                           lease=p["lease"], environment=in_flight_environment(token))
 
     def hold(self, started: float) -> str:
         """hold() in slices: between them, fail at once on a holder of our own run, stop if the controller left."""
@@ -502,8 +578,9 @@ class Task:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             step = SELF_CHECK_EVERY if left is None else min(left, SELF_CHECK_EVERY)
             try:
+                # in_flight: a lease that runs out waits for the processes carrying its environment mark
                 return hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"], directory=self.directory,
-                            timeout=step, label=p["label"])
+                            timeout=step, label=p["label"], in_flight=True)
             except LockTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
@@ -524,7 +601,8 @@ class Task:
         self.refresh()
         until = time.strftime("%H:%M:%S", time.localtime(expires))
         return self.result("renewed", True, f"renewed the lease on {self.name} until {until}", acquired=True,
-                           token=self.p["token"], token_id=token_id, lease_expires=expires)
+                           token=self.p["token"], token_id=token_id, lease_expires=expires,
+                           environment=in_flight_environment(self.p["token"]))
 
     # -- state=released ------------------------------------------------------------------------------
     def release(self) -> dict:
@@ -587,6 +665,13 @@ def params_error(p: dict) -> str | None:
                 return str(e)
     if p["lease"] is not None and not p["lease"] > 0:
         return f"lease must be more than 0 seconds (got {p['lease']})"
+    if p.get("heartbeat"):
+        if p["state"] != "acquired" or p["token"]:
+            return "heartbeat=true applies when taking a new lease (state=acquired, no token)"
+        if p["lease"] is None:
+            p["lease"] = HEARTBEAT_LEASE
+    if p["state"] == "acquired" and p["lease"] is None:
+        return "state is acquired but all of the following are missing: lease (or heartbeat=true, which defaults it)"
     if p["force"] and p["state"] != "released":
         return "force=true only applies to state=released"
     return None

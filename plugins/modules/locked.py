@@ -29,8 +29,9 @@ description:
     C(failed_when) and C(--diff) work as for the module itself) plus RV(hostlock) with the lock's
     wait and hold times.
   - Modules that come with their own action plugin on the controller (C(copy), C(template),
-    C(fetch), C(package), ...) are refused at once, except C(command) and C(shell); lock those with
-    M(hostlock.core.lock) around them (see the collection's docs/ansible.md). With O(fleet) the lock is
+    C(fetch), C(package), ...) are refused at once, except C(command) and C(shell); lock those in a
+    C(block) under M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true), which the
+    refusal message spells out (see the collection's docs/ansible.md). With O(fleet) the lock is
     held on the controller, so those run under it too.
   - With O(fleet), the lock is a fleet lock in etcd, shared by every run, control node and host that
     uses the same etcd and name, taken and released by the controller (see O(fleet)).
@@ -158,8 +159,9 @@ attributes:
     platforms: posix
     details: A killed C(locked) process takes its module with it on Linux (C(PR_SET_PDEATHSIG)).
 notes:
-  - To hold a lock across several tasks (a block, an C(include_tasks), a role), use
-    M(hostlock.core.lock) to take it and release it; see the collection's docs/ansible.md.
+  - To hold a lock across several tasks (a block, an C(include_tasks), a role, a play) with the same
+    guarantee, use M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true) at the top of a
+    block and pass its RV(hostlock.core.lock#module:environment) to the block; see its examples.
   - Loops work as for any task; each item takes and releases the lock.
   - Owner scope is the task execution, the lock belongs to the C(locked) process running this one task on the host.
 seealso:

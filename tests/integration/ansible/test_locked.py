@@ -54,6 +54,7 @@ def test_locked_wraps_and_releases(ansible, engine, target):
 
     copied = r["Wrap an action plugin that transfers files"]
     assert copied["_status"] == "failed" and "its own action plugin" in copied["msg"], copied
+    assert "heartbeat: true" in copied["msg"] and "always:" in copied["msg"], "the refusal names the alternative"
     assert not (ansible.work / f"{target}-copied.txt").exists()
     absurd = r["Wrap with an absurd timeout"]
     assert absurd["_status"] == "failed" and "timeout" in absurd["msg"] and "too long" in absurd["msg"], absurd
@@ -64,6 +65,7 @@ def test_locked_wraps_and_releases(ansible, engine, target):
     assert no_lease["_status"] == "ok" and no_lease["hostlock"]["released"], no_lease
     keyword = r["Wrap a controller-side keyword"]
     assert keyword["_status"] == "failed" and "cannot be wrapped" in keyword["msg"], keyword
+    assert "heartbeat: true" in keyword["msg"], keyword
     assert not r["Read the lock at the end"]["locks"][0]["holders"]
     assert not [h for h in engine.holders("wrapped", directory=str(ansible.lockdir)) if not h.stale]
 

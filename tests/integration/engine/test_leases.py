@@ -129,3 +129,78 @@ def test_the_longest_lease_is_honoured_and_renew_past_it_is_refused(lockdir):
             hostlock.Lock("long", directory=lockdir).acquire(timeout=0)
     finally:
         hostlock.release("long", token, lockdir)
+
+
+def _until(predicate, what, limit=60.0):
+    """Wait for an event (a safety net, not a timing assumption)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("timed out waiting for %s" % what)
+
+
+def _ended(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")  # a zombie no init reaped yet
+    except OSError:
+        return True
+
+
+def test_an_expired_in_flight_lease_waits_for_the_marked_work(lockdir, tmp_path):
+    """A lease taken with in_flight that runs out keeps the lock while a process carrying its mark (and
+    the children it starts) runs; a process with a forged mark (the public id, a wrong value) is ignored."""
+    import subprocess
+    import sys
+
+    token = hostlock.hold("f", lease=30, directory=lockdir, in_flight=True)
+    from hostlock._lease import in_flight_environment
+
+    mark = in_flight_environment(token)
+    ((key, value),) = mark.items()
+    assert key.endswith(token.partition(".")[0]) and token.partition(".")[2] not in value
+    gate = tmp_path / "gate"
+    script = "import os,sys,time\nwhile not os.path.exists(sys.argv[1]): time.sleep(0.01)\n"
+    # the marked work starts a child and exits at once: the child (which inherits the mark) is the work now
+    work = subprocess.Popen(["sh", "-c", "%s -c \"$0\" \"$1\" & echo $!" % sys.executable, script, str(gate)],
+                            env=dict(os.environ, **mark), stdout=subprocess.PIPE, text=True)
+    child = int(work.stdout.readline())
+    work.wait()
+    forged = subprocess.Popen([sys.executable, "-c", script, str(gate)], env=dict(os.environ, **{key: "0" * 32}))
+    try:
+        hostlock.renew("f", token, lease=0.01, directory=lockdir)  # its owner stops renewing: it runs out
+        holder = _until(lambda: [h for h in hostlock.holders("f", lockdir) if h.job_cmdline and "in-flight" in
+                                 h.job_cmdline], "the holder to wait for the in-flight work")[0]
+        assert holder.lease_expires is None and not holder.stale, holder.as_dict()  # not breakable as stale
+        with pytest.raises(hostlock.LockTimeout):
+            hostlock.Lock("f", directory=lockdir).acquire(timeout=0)
+        assert os.path.exists("/proc/%d" % child)
+        gate.touch()  # the marked child and the forged process end
+        with hostlock.Lock("f", directory=lockdir):  # the next holder: only after the work ended
+            assert _ended(child)
+    finally:
+        gate.touch()
+        forged.wait()
+
+
+def test_a_released_in_flight_lease_frees_at_once(lockdir, tmp_path):
+    """Released with its token (the run says its work is done), it does not wait for marked processes."""
+    import subprocess
+    import sys
+
+    token = hostlock.hold("g", lease=30, directory=lockdir, in_flight=True)
+    from hostlock._lease import in_flight_environment
+
+    gate = tmp_path / "gate"
+    marked = subprocess.Popen([sys.executable, "-c", "import os,sys,time\nwhile not os.path.exists(sys.argv[1]): "
+                               "time.sleep(0.01)\n", str(gate)], env=dict(os.environ, **in_flight_environment(token)))
+    try:
+        hostlock.release("g", token, lockdir)
+        assert hostlock.holders("g", lockdir) == []
+        assert marked.poll() is None
+    finally:
+        gate.touch()
+        marked.wait()

@@ -1,0 +1,211 @@
+# Copyright: (c) 2025, hostlock maintainers
+# GNU General Public License v3.0+ (see COPYING or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""PRIVATE to this collection: keep a hostlock.core.lock lease alive from the controller while its run lives.
+
+Not a public API; other collections must not import it.
+
+A lease taken with `heartbeat: true` is short (its `lease`, 60 s by default); a small process on the
+control node renews it every quarter lease for as long as the `ansible-playbook` run that took it lives:
+
+- the matching `state: released` task stops it first (stop(), over an abstract Unix socket);
+- when the run ends, however it ends (normal end, Ctrl-C, SIGTERM, SIGKILL: it watches the run's
+  process through a pidfd), it shortens the lease to EXPIRE_NOW so that the holder on the host frees the
+  lock as soon as the run's in-flight work there has ended (the holder waits for processes carrying
+  the lease's environment mark), then exits;
+- when renewals cannot reach the host (a dropped connection, the heartbeat itself killed), the lease
+  runs out on its own at most one `lease` after the last renewal.
+
+The process is double-forked from the task's worker, in a session of its own (a signal to the run's
+process group does not reach it: it must outlive the run long enough to say so), with standard
+input, output and error on /dev/null (it never holds a caller's pipe open).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import stat
+import struct
+import time
+import typing as t
+import warnings
+
+# Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant.
+SOCKET_PREFIX = "\0hostlock-heartbeat/"
+# The lease a heartbeat sets when its run is gone: the holder on the host ends it at once (after the
+# in-flight work). Durations must be positive, so not 0.
+EXPIRE_NOW = 0.001
+# Renewals per lease: three may fail (a slow or briefly unreachable host) before the lease runs out.
+RENEWALS_PER_LEASE = 4
+
+# What a renewal reports: renewed; the lease is gone (released, or ran out): stop; could not tell: retry.
+OK, GONE, UNREACHABLE = "ok", "gone", "unreachable"
+
+
+def _address(token_id: str) -> str:
+    return SOCKET_PREFIX + token_id
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of the run (Linux 5.3+, Python 3.9+): readable when it exits, whatever kills it."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def stop(token_id: str, timeout: float = 10.0) -> bool:
+    """Tell the heartbeat of this lease to stop renewing and exit; False if there was none."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(_address(token_id))
+        except OSError:  # no heartbeat (never started, or gone already)
+            return False
+        sock.sendall(b"stop\n")
+        return sock.recv(16).startswith(b"ok")
+    except OSError:
+        return False
+    finally:
+        sock.close()
+
+
+def start(renew: t.Callable[[float], str], token_id: str, lease: float, run_pid: int) -> int:
+    """Start the heartbeat of one lease; returns its pid once it listens for stop().
+
+    `renew(seconds)` renews the lease on the host through the task's connection and returns OK, GONE
+    or UNREACHABLE; it runs in the heartbeat process, a copy of this worker.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(_address(token_id))  # before the fork: stop() can reach it as soon as we return
+    sock.listen(8)
+    run_fd = _pidfd(run_pid)
+    run_start = _start_ticks(run_pid)
+    r, w = os.pipe()
+    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process; the child execs nothing
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the heartbeat's own process
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() == 0:
+                _detach({sock.fileno(), w} | ({run_fd} if run_fd is not None else set()))
+                os.write(w, b"%d\n" % os.getpid())
+                os.close(w)
+                _Heartbeat(renew, sock, lease, run_pid, run_fd, run_start).loop()
+        finally:
+            os._exit(0)
+    os.close(w)
+    sock.close()
+    if run_fd is not None:
+        os.close(run_fd)
+    try:
+        os.waitpid(pid, 0)
+        with os.fdopen(r, "rb") as f:
+            line = f.readline()
+    except OSError:
+        line = b""
+    return int(line) if line.strip().isdigit() else 0
+
+
+def _detach(keep: set) -> None:  # pragma: no cover - in the heartbeat
+    """Standard streams on /dev/null; close inherited pipes and files (a caller's pipe must see EOF).
+
+    Sockets are kept: a connection plugin may hold its session in one.
+    """
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    try:
+        fds = [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 256))
+    for fd in fds:
+        if fd < 3 or fd in keep:
+            continue
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+        except OSError:
+            pass
+    try:  # the worker's Display sends through the run's result queue: never from here
+        from ansible.utils.display import Display
+
+        Display()._final_q = None
+    except Exception:  # noqa: BLE001 - output goes to /dev/null anyway
+        pass
+
+
+class _Heartbeat:  # pragma: no cover - runs in the heartbeat process; tested through real runs
+    def __init__(self, renew: t.Callable[[float], str], sock: socket.socket, lease: float, run_pid: int,
+                 run_fd: int | None, run_start: str | None) -> None:
+        self.renew, self.sock, self.lease = renew, sock, lease
+        self.run_pid, self.run_fd, self.run_start = run_pid, run_fd, run_start
+        self.every = max(0.05, lease / RENEWALS_PER_LEASE)
+
+    def run_gone(self) -> bool:
+        if self.run_fd is not None:
+            return bool(select.select([self.run_fd], [], [], 0)[0])
+        return _start_ticks(self.run_pid) != self.run_start
+
+    def loop(self) -> None:
+        last_ok = time.monotonic()
+        next_renewal = last_ok + self.every
+        while True:
+            now = time.monotonic()
+            watch = [self.sock] + ([self.run_fd] if self.run_fd is not None else [])
+            # Without a pidfd, look at the run every half second.
+            wait = max(0.0, next_renewal - now) if self.run_fd is not None else min(0.5, max(0.0, next_renewal - now))
+            ready = select.select(watch, [], [], wait)[0]
+            if self.sock in ready and self._stop_requested():
+                return
+            if self.run_gone():
+                self.renew(EXPIRE_NOW)  # best effort: otherwise the lease runs out on its own
+                return
+            now = time.monotonic()
+            if now < next_renewal:
+                continue
+            outcome = self.renew(self.lease)
+            now = time.monotonic()
+            if outcome == OK:
+                last_ok = now
+            elif outcome == GONE or now - last_ok >= self.lease:  # released, or surely run out by now
+                return
+            next_renewal = now + self.every
+
+    def _stop_requested(self) -> bool:
+        try:
+            conn = self.sock.accept()[0]
+        except OSError:
+            return False
+        try:
+            conn.settimeout(5)
+            opt = getattr(socket, "SO_PEERCRED", None)
+            if opt is not None:
+                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))[1]
+                if uid not in (os.getuid(), 0):  # only the run's user (or root) may stop it
+                    return False
+            if conn.recv(16).startswith(b"stop"):
+                conn.sendall(b"ok\n")
+                return True
+            return False
+        except OSError:
+            return False
+        finally:
+            conn.close()
