@@ -185,7 +185,7 @@ EXAMPLES = r"""
       ansible.builtin.command: /bin/true
       changed_when: false
   always:
-    - name: Release the deploy lock
+    - name: Release the deploy lock, also after a failure
       hostlock.core.lock:
         name: deploy
         state: released
