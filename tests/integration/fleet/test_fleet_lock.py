@@ -450,3 +450,45 @@ def test_tls_with_client_certificates(tmp_path):
             hostlock.Lock("db", fleet="etcd://%s" % endpoint).acquire(timeout=0)  # plain HTTP to a TLS port
     finally:
         member.stop()
+
+
+def test_a_forked_child_neither_releases_nor_renews_the_parents_lock(etcd):
+    """After fork the child drops its copy (filelock #634's lesson): its release() and its exit leave the
+    parent's lease and key alone, and the parent keeps renewing."""
+    lock = hostlock.Lock("forked", fleet=etcd.url, label="parent")
+    lock.acquire()
+    before = keys(etcd)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            ok = not lock.locked and lock.fence is None
+            lock.release()
+            lock.close()
+            os.write(w, b"ok" if ok else b"child saw the parent's hold")
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    assert said == b"ok"
+    assert keys(etcd) == before and lock.locked and not lock.lost
+    lock.update_record(job_pid=os.getpid(), label="after fork")  # the parent's lock still writes its record
+    (h,) = hostlock.holders("forked", fleet=etcd.url)
+    assert h.label == "after fork" and h.job_pid == os.getpid() and h.fence == lock.fence
+    lock.release()
+    assert keys(etcd) == []
+
+
+def test_hold_that_times_out_leaves_nothing(etcd):
+    holder = hostlock.Lock("busy", fleet=etcd.url)
+    holder.acquire()
+    with pytest.raises(hostlock.LockTimeout) as e:
+        hostlock.hold("busy", 60, fleet=etcd.url, timeout=0.2)
+    assert [h.pid for h in e.value.holders] == [os.getpid()]
+    assert len(keys(etcd)) == 1
+    holder.release()
+    with pytest.raises(hostlock.TokenError) as e:
+        hostlock.renew("busy", "hostlock-etcd.abc.1", fleet=etcd.url)
+    assert e.value.reason == "gone"
