@@ -412,7 +412,7 @@ class CallbackModule(CallbackBase):
             try:
                 if fleet:
                     lock = Lock(name, fleet=fleet, ttl=float(self.get_option("ttl")), label=label, mode=wanted[key],
-                                on_lost=lambda *_a, name=name: self._lost.append(name))
+                                on_lost=lambda *_a, name=name: self._on_lost(name))
                 else:
                     lock = Lock(name, directory=directory, label=label, mode=wanted[key])
                 self._take(lock, what, deadline)
@@ -616,6 +616,15 @@ class CallbackModule(CallbackBase):
             use["held"] += time.monotonic() - leases.pop(found)["taken_at"]
         elif event == "broken":
             leases.clear()
+
+    def _on_lost(self, name: str) -> None:
+        """From the lock's keep-alive thread: note the loss (the run ends before its next task) and say it now."""
+        self._lost.append(name)
+        try:
+            self._display.warning(f"hostlock.core.serialize: lost the fleet lock {name} at {_clock()}; this run "
+                                  "starts no further task")
+        except Exception:  # noqa: BLE001 - never let a message kill the keep-alive thread; the run still ends
+            pass
 
     def _check_lost(self) -> None:
         """End the run before its next task once a fleet lock is lost: another run may have the host now."""

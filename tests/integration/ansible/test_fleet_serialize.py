@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import threading
 import uuid
 from pathlib import Path
 
@@ -167,3 +168,34 @@ def test_unusable_fleet_ends_the_run_with_one_line(ansible, tmp_path):
         assert len(errors) == 1 and "Traceback" not in out, out
         assert not log.exists(), "the play ran although its hosts were not locked"
         print(f"{fleet}: rc {proc.returncode}: {errors[0]}")
+
+
+def test_lost_fleet_lock_ends_the_run_before_its_next_task(ansible, engine, etcd):
+    """The run's lock on loc is broken (its etcd lease revoked) while the first task runs: the run says so at
+    once, lets the running task end (it cannot stop it), starts no further task and ends with 79."""
+    fleet = _fleet_url(etcd)
+    log, gate = ansible.work / "fleet-lost.log", ansible.work / "gate-a"
+    log.touch()
+    ctl = ansible.work / "ctl-a"
+    ctl.mkdir(mode=0o700)
+    proc = ansible.popen("serialized_two.yml", extra_vars=dict(pattern="loc", tag="A", log=str(log), gate=str(gate)),
+                         ANSIBLE_CALLBACKS_ENABLED=CALLBACKS, HOSTLOCK_SERIALIZE_DIRECTORY=str(ctl),
+                         HOSTLOCK_FLEET=fleet)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        _wait_for(lambda: "A loc start" in log.read_text(), what="the first task to start", proc=proc)
+        assert len(engine.break_lock("ansible-host@loc", fleet=fleet, force=True)) == 1
+        _wait_for(lambda: any("lost the fleet lock ansible-host@loc" in line for line in lines),
+                  what="the run to notice its lost lock")
+        gate.touch()
+        proc.wait(120)
+        reader.join(30)
+    finally:
+        gate.touch()
+        _reap(proc)
+    out = "".join(lines)
+    assert proc.returncode == 79, out
+    assert "A loc end" in log.read_text() and "second" not in log.read_text(), log.read_text()
+    assert "ending this run before its next task" in out, out
