@@ -160,6 +160,32 @@ def test_check_mode_takes_nothing(ansible, engine, etcd):
     assert info["free"] is False and "the test holds it" in json.dumps(info["holders"]), info
 
 
+def test_busy_fleet_lock_fails_or_skips_naming_the_holder(ansible, engine, etcd):
+    """timeout 0 against a lock the test holds: on_conflict fail fails and skip skips, naming the holder (with
+    its host) and how to look; the wrapped task never runs."""
+    log = ansible.work / "busy.log"
+    held = engine.Lock("restart", fleet=etcd.url, label="the test holds it")
+    held.acquire(timeout=30)
+    try:
+        outcome = {}
+        for choice in ("fail", "skip"):
+            rec = _record(ansible, choice)
+            evars = dict(pattern="loc", fleet=etcd.url, lock="restart", tag="X", log=str(log), gate="", timeout=0,
+                         on_conflict=choice)
+            proc = ansible.popen("fleet_locked.yml", extra_vars=evars, HOSTLOCK_TEST_RECORD=str(rec))
+            out = _finish(proc)
+            outcome[choice] = (proc.returncode, _results(out, rec)[TASK]["loc"])
+    finally:
+        held.release()
+    assert not log.exists(), "the wrapped task ran without the lock"
+    (rc_fail, failed), (rc_skip, skipped) = outcome["fail"], outcome["skip"]
+    assert rc_fail == 2 and failed["_status"] == "failed", failed
+    assert rc_skip == 0 and skipped["_status"] == "skipped", skipped
+    for result in (failed, skipped):
+        assert "the test holds it" in result["msg"] and f"hostlock status --fleet {etcd.url} restart" in result["msg"]
+        assert result["hostlock"]["event"] == "conflict" and result["hostlock"]["taken"] is False, result
+
+
 def test_lock_lost_mid_task_fails_the_task(ansible, engine, etcd):
     """The lock is broken (its etcd lease revoked) while the wrapped task runs: the task fails saying so, with
     its fence, once the wrapped task ended (the controller cannot stop it on the host)."""
