@@ -330,14 +330,12 @@ def job_of(o: Options, lock: Lock, out_fd: int | None = None) -> Job:
     its environment, is stopped (abort) the moment the engine knows the lock is lost, and the watcher
     kills it when the lease's deadline passes while hostlock is stopped (valid_until).
     """
-    env = abort = valid_until = None
-    if o.fleet is not None:
-        env = {"HOSTLOCK_FENCE": str(lock.fence), c.FLEET_ENV: o.fleet}
-        abort = lambda: lock.lost  # noqa: E731 - read at each wake-up of the supervisor
-        valid_until = lambda: lock.valid_until  # noqa: E731 - the watcher's deadline, passed on as it moves
-    return Job(o.command, env=env, new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout,
-               kill_after=o.kill_after, verbose=o.verbose, lock_fds=lock.descriptors(), abort=abort,
-               valid_until=valid_until)
+    fleet = o.fleet is not None
+    return Job(o.command, env={"HOSTLOCK_FENCE": str(lock.fence), c.FLEET_ENV: o.fleet or ""} if fleet else None,
+               new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout, kill_after=o.kill_after,
+               verbose=o.verbose, lock_fds=lock.descriptors(),
+               abort=(lambda: lock.lost) if fleet else None,  # read at each wake-up of the supervisor
+               valid_until=(lambda: lock.valid_until) if fleet else None)  # passed on to the watcher as it moves
 
 
 def where(lock: Lock) -> str:

@@ -78,7 +78,6 @@ def main_run(args: list[str]) -> int:
     return outcome.exit_code()
 
 
-
 def _lock_failed(o: Options, exc: BaseException) -> int:
     code = c.error_exit_code(exc)
     if code == c.EX_USAGE:

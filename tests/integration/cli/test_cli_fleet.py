@@ -102,7 +102,7 @@ def test_busy_lock_names_the_holder_on_its_host(cli, etcd):
 def test_the_job_gets_an_increasing_fence_and_the_fleet(cli, etcd):
     env = dict(controller(cli, "a"), HOSTLOCK_FLEET=etcd.url)  # the fleet from the environment
     seen = []
-    for _ in range(3):
+    for _run in range(3):
         r = cli.run("run", "deploy", "-c", 'echo "$HOSTLOCK_FENCE $HOSTLOCK_FLEET"', env=env)
         assert r.returncode == 0, r.stderr
         fence, fleet = r.stdout.split()
