@@ -60,3 +60,29 @@ def test_the_command_on(version, tmp_path):
     assert run("run", "-n", "-E", "9", "--path", str(lock), "true").returncode == 9
     h.stdin.close()
     assert h.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fleet_locks_on(version, tmp_path, etcd):
+    """--fleet on every interpreter: the etcd client (http.client, CLOCK_BOOTTIME), the keep-alive thread's
+    signal mask, the supervisor woken by pthread_kill when the lock is lost (exit 79), the admin commands."""
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    hl = str(make_launcher(tmp_path, python))
+    env = {"PATH": "/usr/bin:/bin", "HOSTLOCK_DIR": str(tmp_path), "HOSTLOCK_FLEET": etcd.url}
+
+    def run(*args):
+        return subprocess.run([hl, *args], check=False, capture_output=True, text=True, env=env, timeout=60)
+
+    r = run("run", "f", "-c", 'echo "$HOSTLOCK_FENCE $HOSTLOCK_FLEET"; exit 3')
+    assert (r.returncode, r.stdout.split()[1], r.stderr) == (3, etcd.url, "")
+    ready = tmp_path / "ready"
+    p = subprocess.Popen([hl, "run", "f", "-c", f"echo > {ready}; exec sleep 60"], env=env, start_new_session=True,
+                         stderr=subprocess.PIPE, text=True)
+    wait_until(lambda: ready.exists(), 30, "the job")
+    assert run("run", "-n", "f", "true").returncode == 75
+    assert json.loads(run("status", "--json", "f").stdout)["locks"][0]["holders"][0]["pid"] == p.pid
+    assert run("break", "--force", "f").returncode == 0
+    assert p.wait(timeout=60) == 79
+    assert "job stopped, killed by signal 15 (SIGTERM)" in p.stderr.read()
