@@ -26,6 +26,7 @@ from . import (
     release,
     renew,
     status,
+    token_id,
 )
 from . import _cli_common as c
 
@@ -425,7 +426,11 @@ def _lease_of(name: str, where: dict[str, Any], token_hint: str | None = None) -
         return None
     mine = [h for h in st.holders if h.lease_expires is not None and h.uid == os.getuid()]
     if token_hint:
-        exact = [h for h in mine if h.token_id and h.token_id in token_hint]
+        try:
+            tid = token_id(token_hint)  # a fleet token's public id is not a substring of it
+        except Exception:
+            tid = None
+        exact = [h for h in mine if h.token_id and (h.token_id == tid or h.token_id in token_hint)]
         mine = exact or mine
     return max((h.lease_expires for h in mine if h.lease_expires is not None), default=None)
 

@@ -322,5 +322,10 @@ def test_hold_renew_release(cli, etcd):
     assert cli.run("run", "--fleet", etcd.url, "-n", "deploy", "true", env=env).returncode == 0
     r = cli.run("release", "deploy", token, "--fleet", etcd.url, env=env)
     assert r.returncode == 77 and r.stderr.count("\n") == 1
+    # Two shared leases: hold --json reports its own lease's expiry, not the other's.
+    short = json.loads(cli.run("hold", "s", "--lease", "1m", "-s", "--fleet", etcd.url, "--json", env=env).stdout)
+    long = json.loads(cli.run("hold", "s", "--lease", "5m", "-s", "--fleet", etcd.url, "--json", env=env).stdout)
+    again = json.loads(cli.run("hold", "s", "--lease", "2m", "-s", "--fleet", etcd.url, "--json", env=env).stdout)
+    assert short["lease_expires"] < again["lease_expires"] < long["lease_expires"]
     r = cli.run("renew", "deploy", "not-a-token", "--fleet", etcd.url, env=env)
     assert r.returncode == 77 and r.stderr.count("\n") == 1
