@@ -500,7 +500,8 @@ class EtcdBackend:
             if blockers(entries, i):
                 waiters += 1
             else:
-                holders.append(_holder(e))
+                # A semaphore's holders are numbered in arrival order, as host locks number their slots.
+                holders.append(_holder(e, len(holders) if e.slots > 1 else None))
         slots = max([e.slots for e in entries] or [1])
         return LockStatus(name, self.url.display(), self.url.display(name), "etcd", slots, holders, waiters)
 
@@ -686,8 +687,8 @@ def token_id(token: str) -> str:
     return "etcd-" + split_token(token)[0]
 
 
-def _holder(e: Entry) -> Holder:
-    h = Holder(e.fields, e.mode, None)
+def _holder(e: Entry, slot: int | None = None) -> Holder:
+    h = Holder(e.fields, e.mode, slot)
     h.fence = e.rev
     h.lease_id = e.lease_hex
     if e.fields is None:

@@ -223,6 +223,8 @@ def test_a_slot_taker_never_joins_an_exclusive_holder(etcd, tmp_path):
     two.acquire(timeout=0)
     with pytest.raises(hostlock.LockTimeout):
         hostlock.Lock("db", slots=2, fleet=etcd.url).acquire(timeout=0)
+    st = hostlock.status("db", fleet=etcd.url)  # shown as slots 1/2 and 2/2, in arrival order, as on a host
+    assert st.slots == 2 and [(h.slot, h.fence) for h in st.holders] == [(0, one.fence), (1, two.fence)]
     one.release()
     two.release()
 
