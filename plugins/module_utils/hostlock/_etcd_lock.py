@@ -496,7 +496,7 @@ class EtcdBackend:
     def _status(self, name: str, entries: list) -> object:
         from ._api import LockStatus
 
-        holders = []
+        holders: list = []
         waiters = 0
         for i, e in enumerate(entries):
             if blockers(entries, i):
