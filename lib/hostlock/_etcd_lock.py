@@ -114,6 +114,7 @@ class Session:
         self.key: bytes | None = None
         self._mutex = threading.Lock()
         self._stopped = False
+        self._exited = False
         self._lost = False
         self._stop_r, self._stop_w = os.pipe()
         self.lost_r, self._lost_w = os.pipe()  # readable once lost: wakes a waiter's watch
@@ -155,10 +156,12 @@ class Session:
         self._poke()
 
     def _poke(self) -> None:
-        try:
-            os.write(self._stop_w, b"x")
-        except OSError:
-            pass
+        with self._mutex:  # never after _close_fds: the number could name someone else's file by then
+            if self._fds:
+                try:
+                    os.write(self._stop_w, b"x")
+                except OSError:  # EAGAIN: already poked
+                    pass
 
     def _lose(self, why: str, unavailable: bool = False) -> None:
         with self._mutex:
@@ -183,11 +186,11 @@ class Session:
         """No keep-alive after this and no on_lost call; the caller revokes (or moves) the lease."""
         with self._mutex:
             self._stopped = True
-        self._poke()
-        if self.thread is not threading.current_thread():
-            # Short: a thread stuck in a keep-alive to an unreachable member closes its own descriptors.
-            self.thread.join(1.0)
-        if not self.thread.is_alive():
+            exited = self._exited
+        self._poke()  # safe if the thread closed the descriptors meanwhile: _poke checks under the mutex
+        # Not joined: release() must not wait for the thread to notice (it may be opening a watch, or in a
+        # keep-alive to a member that does not answer). Whichever of us comes second closes the descriptors.
+        if exited:
             self._close_fds()
 
     def _close_fds(self) -> None:
@@ -267,7 +270,10 @@ class Session:
         finally:
             if watch is not None:
                 watch.close()
-            if self._stopped:
+            with self._mutex:
+                self._exited = True
+                stopped = self._stopped
+            if stopped:
                 self._close_fds()
 
     def _keepalive(self, interval: float) -> float:
@@ -380,26 +386,28 @@ class EtcdLocker:
             me = entries[idx]
             if session.key is None:
                 session.watch_key(key)
-            ahead = blockers(entries, idx)
-            if not ahead:
+            if not blockers(entries, idx) or self._wait(entries[:idx], me, rev, deadline, session):
                 session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
                 if session.lost:
                     raise self._gone(session, "lost %s while taking it" % self.path)
                 return EtcdHeld(key, lease, me.rev, session)
             if deadline is not None and monotonic() >= deadline:
                 return None
-            self._wait(ahead, me, rev, deadline, session)
             reply = c.call("kv/range", rng, self._net_deadline(deadline))
 
-    def _wait(self, ahead: list, me: Entry, rev: int, deadline: float | None, session: Session) -> None:
-        """Until one of the keys ahead is deleted (a watch from `rev`+1), the deadline, or our lease is lost."""
-        if me.slots > 1 and me.mode != "shared":
-            # Any key ahead leaving frees a slot: watch the name's range, act on deletions of those keys.
-            target, end = self.prefix, prefix_end(self.prefix)
-        else:
-            target, end = ahead[-1].key, None  # the last one ahead, as etcd's Mutex (waitDeletes)
-        interesting = {e.key for e in ahead}
-        w = self.client.watch(target, end, rev + 1, self._net_deadline(deadline), wake=(session.lost_r,))
+    def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Session) -> bool:
+        """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
+        when the queue must be read again (the watch stream ended) or the deadline passed first.
+
+        One watch on the deletions under the name, from `rev`+1 (the revision the queue was read at), so no
+        deletion between the read and the watch is missed and every one after it arrives, in order. Keys
+        created later are behind us, so the set of keys ahead can only shrink: tracking it from the events
+        is exact, and the waiter holds the moment the last one ahead goes, without reading again (handoff =
+        one delete + one watch event). Only a deletion of a key ahead makes it act; nothing is polled.
+        """
+        ahead = list(before)
+        w = self.client.watch(self.prefix, prefix_end(self.prefix), rev + 1, self._net_deadline(deadline),
+                              wake=(session.lost_r,))
         try:
             while True:
                 if session.lost:
@@ -408,14 +416,19 @@ class EtcdLocker:
                     evs = w.events(deadline if deadline is not None else monotonic() + 3600.0)
                 except (WatchClosed, OSError):
                     # The stream ended (member down, compaction): the caller reads the queue again and
-                    # watches from there, so no deletion in between can be missed.
-                    return
+                    # watches from there.
+                    return False
                 if evs is None:
                     if deadline is not None and monotonic() >= deadline:
-                        return
+                        return False
                     continue
-                if any(kind == "DELETE" and key in interesting for kind, key, _kv in evs):
-                    return
+                deleted = {key for kind, key, _kv in evs if kind == "DELETE"}
+                if me.key in deleted:
+                    raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
+                if any(e.key in deleted for e in ahead):
+                    ahead = [e for e in ahead if e.key not in deleted]
+                    if not blockers([*ahead, me], len(ahead)):
+                        return True
         finally:
             w.close()
 
