@@ -361,11 +361,14 @@ holders:
   elements: dict
   contains:
     pid:
-      description: Holder process (the lease holder, or the C(hostlock run) supervisor).
+      description: Holder process (the lease holder, a C(hostlock run) supervisor, a module holding the lock).
       type: int
     user:
-      description: Holder's user name.
+      description: Holder's user name (V(null) when the uid has no name here).
       type: str
+    uid:
+      description: Holder's uid, as its owner record claims it.
+      type: int
     mode:
       description: V(exclusive) or V(shared).
       type: str
@@ -373,13 +376,15 @@ holders:
       description: Semaphore slot, or V(null).
       type: int
     cmdline:
-      description: Holder's command line.
+      description: Holder's command line (read live from the process when it runs here).
       type: str
     job_pid:
       description: Pid of the job a C(hostlock run) supervisor runs, or V(null).
       type: int
     job_cmdline:
-      description: Command line of that job, or V(null).
+      description: >-
+        Command line of that job, or what the holder says it does (for example a lease waiting for its in-
+        flight work), or V(null).
       type: str
     label:
       description: The holder's label.
@@ -390,11 +395,54 @@ holders:
     lease_expires:
       description: When its lease runs out (epoch seconds), or V(null) for a process lock.
       type: float
-    stale:
-      description: Whether the record is left over from a dead owner (it blocks nobody).
-      type: bool
     token_id:
       description: Public id of the holder's lease, or V(null) for a process holding the lock itself.
+      type: str
+    alive:
+      description: >-
+        Whether the recorded process is alive (pid, start time and boot id match), V(null) when it cannot be
+        told from here.
+      type: bool
+    stale:
+      description: Whether the record is left over from a dead owner or an ended lease (it blocks nobody).
+      type: bool
+    verified:
+      description: >-
+        Whether the kernel proves the live process holds this lock (it has the lock file open, with the
+        claimed uid); V(null) when it cannot be told.
+      type: bool
+    forged:
+      description: Whether the record claims another uid than the one that wrote it (never acted upon).
+      type: bool
+    problem:
+      description: Why the record is not trusted (a forged record, something planted at the lock path), or V(null).
+      type: str
+    hostname:
+      description: Host the holder recorded (fleet locks are held from many hosts).
+      type: str
+    boot_id:
+      description: Boot id of the holder's host when it took the lock.
+      type: str
+    start_time:
+      description: Holder's start time in clock ticks since boot (with the pid, tells a reused pid apart).
+      type: int
+    pid_namespace:
+      description: PID namespace of the holder (a pid means something only inside it).
+      type: str
+    fence:
+      description: Fleet locks, the holder's fencing token (its etcd key's create revision); V(null) for host locks.
+      type: int
+    record_ok:
+      description: Whether the holder's owner record could be read.
+      type: bool
+    file_uid:
+      description: Owner uid of the file the record was read from (the kernel's word), or V(null).
+      type: int
+    lease_expired:
+      description: Whether its lease has run out.
+      type: bool
+    lease_id:
+      description: Fleet locks, the etcd lease (hex) its key was made with; V(null) for host locks.
       type: str
   sample:
     - pid: 4242
@@ -424,6 +472,26 @@ hostlock:
   description: Lock timings for the P(hostlock.core.serialize#callback) callback's recap.
   returned: always
   type: dict
+  contains:
+    name:
+      description: The lock's name.
+      type: str
+    event:
+      description: >-
+        What happened: V(acquired), V(renewed), V(released), V(broken), V(conflict), V(self) (held by this
+        run), V(check).
+      type: str
+    waited:
+      description: Seconds spent waiting for the lock.
+      type: float
+    token_id:
+      description: Public id of the lease concerned.
+      type: str
+      returned: when a lease was taken, renewed or released
+    lease_expires:
+      description: When the lease runs out (epoch seconds).
+      type: float
+      returned: when a lease was taken or renewed
   sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e5a9b07, lease_expires: 1767225600.5}
 """
 

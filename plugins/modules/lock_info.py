@@ -122,16 +122,122 @@ locks:
       type: int
     holders:
       description:
-        - Its holders (fields as in M(hostlock.core.lock)'s RV(hostlock.core.lock#module:holders)),
-          including V(lease_expires) and V(stale).
+        - Its holders, each a holder record as C(hostlock status --json) prints it plus the engine's
+          extras (the same fields as M(hostlock.core.lock)'s RV(hostlock.core.lock#module:holders)).
       type: list
       elements: dict
+      contains:
+        pid:
+          description: Holder process (the lease holder, a C(hostlock run) supervisor, a module holding the lock).
+          type: int
+        user:
+          description: Holder's user name (V(null) when the uid has no name here).
+          type: str
+        uid:
+          description: Holder's uid, as its owner record claims it.
+          type: int
+        mode:
+          description: V(exclusive) or V(shared).
+          type: str
+        slot:
+          description: Semaphore slot, or V(null).
+          type: int
+        cmdline:
+          description: Holder's command line (read live from the process when it runs here).
+          type: str
+        job_pid:
+          description: Pid of the job a C(hostlock run) supervisor runs, or V(null).
+          type: int
+        job_cmdline:
+          description: >-
+            Command line of that job, or what the holder says it does (for example a lease waiting for its in-
+            flight work), or V(null).
+          type: str
+        label:
+          description: The holder's label.
+          type: str
+        acquired_at:
+          description: When it took the lock (epoch seconds).
+          type: float
+        lease_expires:
+          description: When its lease runs out (epoch seconds), or V(null) for a process lock.
+          type: float
+        token_id:
+          description: Public id of the holder's lease, or V(null) for a process holding the lock itself.
+          type: str
+        alive:
+          description: >-
+            Whether the recorded process is alive (pid, start time and boot id match), V(null) when it cannot
+            be told from here.
+          type: bool
+        stale:
+          description: Whether the record is left over from a dead owner or an ended lease (it blocks nobody).
+          type: bool
+        verified:
+          description: >-
+            Whether the kernel proves the live process holds this lock (it has the lock file open, with the
+            claimed uid); V(null) when it cannot be told.
+          type: bool
+        forged:
+          description: Whether the record claims another uid than the one that wrote it (never acted upon).
+          type: bool
+        problem:
+          description: >-
+            Why the record is not trusted (a forged record, something planted at the lock path), or V(null).
+          type: str
+        hostname:
+          description: Host the holder recorded (fleet locks are held from many hosts).
+          type: str
+        boot_id:
+          description: Boot id of the holder's host when it took the lock.
+          type: str
+        start_time:
+          description: Holder's start time in clock ticks since boot (with the pid, tells a reused pid apart).
+          type: int
+        pid_namespace:
+          description: PID namespace of the holder (a pid means something only inside it).
+          type: str
+        fence:
+          description: >-
+            Fleet locks, the holder's fencing token (its etcd key's create revision); V(null) for host locks.
+          type: int
+        record_ok:
+          description: Whether the holder's owner record could be read.
+          type: bool
+        file_uid:
+          description: Owner uid of the file the record was read from (the kernel's word), or V(null).
+          type: int
+        lease_expired:
+          description: Whether its lease has run out.
+          type: bool
+        lease_id:
+          description: Fleet locks, the etcd lease (hex) its key was made with; V(null) for host locks.
+          type: str
     waiters:
       description: Processes (for a fleet lock, etcd keys) waiting for the lock now.
       type: int
     stale:
       description: Whether stale records are left over (they block nobody; C(hostlock break) removes them).
       type: bool
+    state:
+      description: >-
+        V(held) (a live holder), V(stale) (only left-over records), V(refused) (something is wrong at the
+        lock's path, see RV(locks[].problem)), or V(free).
+      type: str
+    problem:
+      description: >-
+        Why the lock's path was refused (a symlink, FIFO or device planted there, a corrupt header) or a
+        holder's record is not trusted (forged); V(null) when all is well.
+      type: str
+    corrupt:
+      description: Whether the lock file's header is corrupt (nobody can lock it until it is removed).
+      type: bool
+    held:
+      description: Whether it has any holder record (live or stale).
+      type: bool
+    directory:
+      description: The lock directory it is in (for a fleet lock, the fleet URL).
+      type: str
   sample:
     - name: apt
       path: /run/hostlock/apt.lock
@@ -145,6 +251,11 @@ locks:
           stale: false
       waiters: 1
       stale: false
+      state: held
+      problem: null
+      corrupt: false
+      held: true
+      directory: /run/hostlock
 """
 
 from ansible.module_utils.basic import AnsibleModule
