@@ -112,6 +112,7 @@ class Session:
         self.why: str | None = None
         self.unavailable = False
         self.key: bytes | None = None
+        self._from = 0  # the first watch of our key starts right after its creation: every change arrives
         self._mutex = threading.Lock()
         self._stopped = False
         self._exited = False
@@ -150,9 +151,9 @@ class Session:
             return True
         return False
 
-    def watch_key(self, key: bytes) -> None:
-        """Also watch our own key: deleted or moved to another lease means lost."""
-        self.key = key
+    def watch_key(self, key: bytes, created: int) -> None:
+        """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
+        self.key, self._from = key, created + 1
         self._poke()
 
     def _poke(self) -> None:
@@ -304,6 +305,14 @@ class Session:
         key = self.key
         assert key is not None
         deadline = monotonic() + max(0.05, next_ka - boottime())
+        if self._from:
+            # First watch: from the revision after our key's creation, every change of it arrives (a
+            # compacted start cancels the watch; the reopen below then reads the key first).
+            start, self._from = self._from, 0
+            try:
+                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,)), key
+            except (FleetUnavailable, EtcdError, OSError):
+                return None, None
         try:
             # Read the key first, then watch from the revision read: whatever happened before (while the
             # stream was down, or compacted away) is in the read, whatever happens after is in the stream.
@@ -385,7 +394,7 @@ class EtcdLocker:
                 raise self._gone(session, "our place in the queue of %s vanished while waiting" % self.path)
             me = entries[idx]
             if session.key is None:
-                session.watch_key(key)
+                session.watch_key(key, me.rev)
             if not blockers(entries, idx) or self._wait(entries[:idx], me, rev, deadline, session):
                 session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
                 if session.lost:
