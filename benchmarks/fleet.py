@@ -508,7 +508,8 @@ def goals(targets: list[Target]) -> list[str]:
 
 def etcd_version() -> str:
     try:
-        out = subprocess.run([fleet_etcd.ETCD, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([fleet_etcd.ETCD, "--version"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
         return out.split()[2]
     except (OSError, IndexError, subprocess.SubprocessError):
         return "?"
@@ -580,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append(t)
             finally:
                 cluster.stop()
-    command = "make bench-fleet  # = " + shlex.join([sys.executable, "benchmarks/fleet.py",
-                                                      *(argv if argv is not None else sys.argv[1:])])
+    args = [sys.executable, "benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])]
+    command = "make bench-fleet  # = " + shlex.join(args)
     text = section(targets, cfg, command, (load_before, loadavg()))
     print(text)
     if args.docs:

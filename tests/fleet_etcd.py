@@ -115,6 +115,7 @@ class Etcd:
 
     def etcdctl(self, *args: str, endpoints: str | None = None, **kw: object) -> subprocess.CompletedProcess:
         env = dict(os.environ, ETCDCTL_API="3")
+        kw.setdefault("check", False)  # callers look at returncode; check=True where they want an exception
         return subprocess.run([ETCDCTL, "--endpoints", endpoints or self.endpoint, *args], env=env,
                               capture_output=True, text=True, **kw)  # type: ignore[call-overload]
 
@@ -187,7 +188,7 @@ class TcpProxy:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                client, _ = self.listener.accept()
+                client, _peer = self.listener.accept()
             except OSError:
                 return
             if not self._forwarding.is_set():
@@ -207,7 +208,7 @@ class TcpProxy:
         peers = {a: b, b: a}
         try:
             while self._forwarding.is_set():
-                ready, _, _ = select.select(list(peers), [], [], 0.2)
+                ready, _writable, _errors = select.select(list(peers), [], [], 0.2)
                 for s in ready:
                     data = s.recv(65536)
                     if not data:

@@ -41,6 +41,8 @@ def boottime() -> float:
     if _CLOCK is not None:
         return time.clock_gettime(_CLOCK)
     return time.monotonic()  # pragma: no cover - non-Linux
+
+
 # gRPC codes the gateway returns in {"code": N}: these mean "ask again, maybe elsewhere".
 _RETRY_CODES = frozenset((1, 4, 14))  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (no leader, stopping)
 _AUTH_CODES = frozenset((7, 16))  # PERMISSION_DENIED, UNAUTHENTICATED

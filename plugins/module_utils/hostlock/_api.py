@@ -186,9 +186,8 @@ class Lock:
     def check(self) -> None:
         """Raise LockLost if the held fleet lock was lost; call it before acting on what the lock protects."""
         if self.lost:
-            session = getattr(self._held, "session", None)
-            raise LockLost("lost lock %r in %s: %s" % (self.name, self.path, getattr(session, "why", None)
-                                                        or "its lease ended"), path=self.path)
+            why = getattr(getattr(self._held, "session", None), "why", None) or "its lease ended"
+            raise LockLost("lost lock %r in %s: %s" % (self.name, self.path, why), path=self.path)
 
     def descriptors(self) -> list[int]:
         """Descriptors whose open file descriptions carry the held lock (empty when not held, and for the

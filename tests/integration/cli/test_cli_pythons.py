@@ -80,7 +80,7 @@ def test_fleet_locks_on(version, tmp_path, etcd):
     ready = tmp_path / "ready"
     p = subprocess.Popen([hl, "run", "f", "-c", f"echo > {ready}; exec sleep 60"], env=env, start_new_session=True,
                          stderr=subprocess.PIPE, text=True)
-    wait_until(lambda: ready.exists(), 30, "the job")
+    wait_until(ready.exists, 30, "the job")
     assert run("run", "-n", "f", "true").returncode == 75
     assert json.loads(run("status", "--json", "f").stdout)["locks"][0]["holders"][0]["pid"] == p.pid
     assert run("break", "--force", "f").returncode == 0

@@ -153,6 +153,11 @@ def until(cond, what: str, within: float = WAIT):
         time.sleep(0.05)
 
 
+def _low(remaining: int, most: int):
+    """The lease's remaining TTL once it ran down to at most `most` seconds, else None (not yet)."""
+    return remaining if 0 <= remaining <= most else None
+
+
 def entries(member, prefix: str = "hostlock/") -> list:
     """(key, create_revision, lease hex) under prefix, oldest first, read with etcdctl from one member."""
     r = member.etcdctl("get", "--prefix", prefix, "-w", "json", "--command-timeout=5s")
@@ -321,7 +326,7 @@ def test_cluster_leader_killed_the_lock_keeps_working(etcd_cluster):
         return int(out.split("remaining(")[1].split("s")[0]) if "remaining(" in out else -1
 
     # A keep-alive reached the new leader (the lease's remaining TTL went back up): not luck, a renewal.
-    low = until(lambda: (lambda r: r if 0 <= r <= 7 else None)(remaining()), "the TTL to run down")
+    low = until(lambda: _low(remaining(), 7), "the TTL to run down")
     until(lambda: remaining() > low, "a keep-alive through another member")
     holder.release()
     assert waiter.result() is None
