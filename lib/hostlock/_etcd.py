@@ -246,7 +246,8 @@ class Client:
         if password is None:
             raise self._unavailable("user %r needs a password: set $HOSTLOCK_FLEET_PASSWORD" % self.url.user)
         payload = json.dumps({"name": self.url.user, "password": password}).encode("utf-8")
-        status, reply = self._post(i, "/v3/auth/authenticate", payload, min(deadline - monotonic(), ATTEMPT))
+        status, reply = self._post(i, "/v3/auth/authenticate", payload,
+                                   max(0.001, min(deadline - monotonic(), ATTEMPT)))
         token = reply.get("token")
         if status == 200 and isinstance(token, str) and token:
             self._token = token
