@@ -115,9 +115,9 @@ class Etcd:
 
     def etcdctl(self, *args: str, endpoints: str | None = None, **kw: object) -> subprocess.CompletedProcess:
         env = dict(os.environ, ETCDCTL_API="3")
-        kw.setdefault("check", False)  # callers look at returncode; check=True where they want an exception
+        check = bool(kw.pop("check", False))  # callers look at returncode; check=True where they want an exception
         return subprocess.run([ETCDCTL, "--endpoints", endpoints or self.endpoint, *args], env=env,
-                              capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+                              capture_output=True, text=True, check=check, **kw)  # type: ignore[call-overload]
 
 
 def start_etcd(tmp_path: str, name: str = "solo", extra: list | None = None) -> Etcd:
