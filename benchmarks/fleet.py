@@ -192,7 +192,8 @@ def etcdctl_handoff_ms(endpoints: str, gw: Gateway, workdir: str, samples: int) 
     """Holder `etcdctl lock NAME -- sh -c 'echo held; read x < FIFO'`; waiter `etcdctl lock NAME` prints its key
     when it holds. Measured: the FIFO write that ends the holder's command -> the waiter's line."""
     fifo = os.path.join(workdir, "release.fifo")
-    os.mkfifo(fifo)
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
     name = "bench/etcdctl-handoff"
     out = []
     for _i in range(samples):
@@ -374,35 +375,40 @@ class Target:
     r: dict[str, float] = field(default_factory=dict)
 
 
+ROUNDS = 5  # the short measures are interleaved in rounds: load that comes and goes hits anchors and rows alike
+
+
 def measure(t: Target, cfg: Config, workdir: str, log: Callable[[str], None]) -> None:
     r = t.r
     gw = Gateway(t.leader)
+    watch_on = t.endpoints.split(",")[-1]  # on the cluster, another member than the writer's when it can
+    if watch_on == t.leader:
+        watch_on = t.endpoints.split(",")[0]
+    fleet = has_fleet()
+    got: dict = {k: [] for k in ("txn", "watch", "floor", "ctl_get", "ctl_lock", "ctl_handoff", "h_cycle",
+                                 "h_handoff")}
     try:
-        log("%s: txn round trip x%d" % (t.label, cfg.samples))
-        r["txn"] = statistics.median(txn_rtt_ms(t.leader, cfg.samples))
-        log("%s: watch notification x%d" % (t.label, cfg.samples))
-        watch_on = t.endpoints.split(",")[-1]  # on the cluster, another member than the writer's when it can
-        if watch_on == t.leader:
-            watch_on = t.endpoints.split(",")[0]
-        r["watch"] = statistics.median(watch_ms(t.leader, watch_on, cfg.samples))
-        log("%s: lease lock floor x%d" % (t.label, cfg.samples))
-        r["floor"] = statistics.median(lease_lock_floor_ms(t.leader, cfg.samples))
-        log("%s: etcdctl get / lock x%d" % (t.label, cfg.process_samples))
         etcdctl(t.endpoints, "put", "bench/get", "x")
-        r["ctl_get"] = statistics.median(process_ms(t.endpoints, ["get", "bench/get"], cfg.process_samples))
-        r["ctl_lock"] = statistics.median(process_ms(t.endpoints, ["lock", "bench/etcdctl-cycle", "true"],
-                                                     cfg.process_samples))
-        log("%s: etcdctl lock handoff x%d" % (t.label, cfg.handoffs))
-        hand = etcdctl_handoff_ms(t.endpoints, gw, workdir, cfg.handoffs)
-        r["ctl_handoff"], r["ctl_handoff_max"] = statistics.median(hand), max(hand)
+        for k in range(ROUNDS):
+            log("%s: round %d/%d: txn, watch, floor, etcdctl, hostlock cycle and handoffs" % (t.label, k + 1, ROUNDS))
+            got["txn"] += txn_rtt_ms(t.leader, cfg.samples // ROUNDS)
+            got["watch"] += watch_ms(t.leader, watch_on, cfg.samples // ROUNDS)
+            got["floor"] += lease_lock_floor_ms(t.leader, cfg.samples // ROUNDS)
+            got["ctl_get"] += process_ms(t.endpoints, ["get", "bench/get"], cfg.process_samples // ROUNDS)
+            got["ctl_lock"] += process_ms(t.endpoints, ["lock", "bench/etcdctl-cycle", "true"],
+                                          cfg.process_samples // ROUNDS)
+            got["ctl_handoff"] += etcdctl_handoff_ms(t.endpoints, gw, workdir, cfg.handoffs // ROUNDS)
+            if fleet:
+                got["h_cycle"].append(hostlock_cycle_ms(t.url, cfg.cycles, 1))
+                got["h_handoff"] += hostlock_handoff_ms(t.url, gw, cfg.handoffs // ROUNDS)
+        for key, values in got.items():
+            if values:
+                r[key] = statistics.median(values)
+        r["ctl_handoff_max"] = max(got["ctl_handoff"])
         log("%s: etcdctl lock, %d processes x %d" % (t.label, cfg.procs, cfg.etcdctl_contend_cycles))
         r["ctl_tput"] = etcdctl_contend(t.endpoints, cfg.procs, cfg.etcdctl_contend_cycles)
-        if has_fleet():
-            log("%s: hostlock acquire+release %dx%d" % (t.label, cfg.repeats, cfg.cycles))
-            r["h_cycle"] = hostlock_cycle_ms(t.url, cfg.cycles, cfg.repeats)
-            log("%s: hostlock handoff x%d" % (t.label, cfg.handoffs))
-            hand = hostlock_handoff_ms(t.url, gw, cfg.handoffs)
-            r["h_handoff"], r["h_handoff_max"] = statistics.median(hand), max(hand)
+        if fleet:
+            r["h_handoff_max"] = max(got["h_handoff"])
             log("%s: hostlock, %d processes x %d" % (t.label, cfg.procs, cfg.contend_cycles))
             r["h_tput"], r["h_worst"] = hostlock_contend(t.url, workdir, cfg.procs, cfg.contend_cycles)
     finally:
@@ -425,8 +431,9 @@ def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, s
         "Single member and a 3-member cluster on 127.0.0.1 (tests/fleet_etcd.py: heartbeat 50 ms, election "
         "500 ms); anchors talk to the leader over one persistent connection. Medians of %d round trips / watch "
         "events, %d etcdctl runs, %d handoffs (one fresh waiter process each), %d batches of %d hostlock "
-        "cycles; contention: %d processes x %d cycles (hostlock, on one counter, checked) or x %d (etcdctl lock "
-        "NAME true)." % (cfg.samples, cfg.process_samples, cfg.handoffs, cfg.repeats, cfg.cycles, cfg.procs,
+        "cycles, all interleaved in 5 rounds so that the load of the moment weighs on anchors and rows alike; "
+        "contention: %d processes x %d cycles (hostlock, on one counter, checked) or x %d (etcdctl lock "
+        "NAME true)." % (cfg.samples, cfg.process_samples, cfg.handoffs, ROUNDS, cfg.cycles, cfg.procs,
                          cfg.contend_cycles, cfg.etcdctl_contend_cycles),
         "",
         "| anchor (ms unless stated) | " + " | ".join(t.label for t in targets) + " |",
@@ -466,8 +473,8 @@ def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, s
 NOTES = [
     "What the time goes to. An uncontended hostlock cycle is, on the calling thread, a lease grant, one "
     "transaction (create our key if absent + read the queue) and a lease revoke: the three round trips of the "
-    "lease lock floor, plus starting and joining the keep-alive thread (which may also open a watch on our own "
-    "key). A handoff is the holder's release (its keep-alive thread stopped and joined, then the revoke), etcd's "
+    "lease lock floor, plus starting the keep-alive thread (which opens a watch on our own key) and telling "
+    "it to stop. A handoff is the holder's release (the revoke), etcd's "
     "watch event to the waiter, and the waiter's one read of the queue. In contention every waiter also opens a "
     "watch stream (a new HTTP connection) on the key ahead of it, and the processes, their keep-alive threads and "
     "etcd share the machine's cores: that, not the handoff, bounds contended throughput here. `etcdctl lock` "
@@ -581,8 +588,8 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append(t)
             finally:
                 cluster.stop()
-    args = [sys.executable, "benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])]
-    command = "make bench-fleet  # = " + shlex.join(args)
+    run_argv = [sys.executable, "benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])]
+    command = "make bench-fleet  # = " + shlex.join(run_argv)
     text = section(targets, cfg, command, (load_before, loadavg()))
     print(text)
     if args.docs:

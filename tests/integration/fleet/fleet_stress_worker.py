@@ -24,6 +24,49 @@ def note(journal: int, what: str, mode: str, fence: int | None) -> None:
     os.write(journal, ("%s %d %s %s\n" % (what, os.getpid(), mode, fence)).encode())
 
 
+KILLED = os.environ.get("STRESS_KILLED", "")
+
+
+def alive(pid: int) -> bool:
+    """Whether a marker's owner still runs: the test names every process it SIGKILLs before the kill."""
+    if KILLED:
+        with open(KILLED) as f:
+            if str(pid) in f.read().split():
+                return False
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def enter_writer(det: str, me: int) -> str | None:
+    """Create `W` holding our pid (link(2) of a finished file: never seen empty); a marker of a holder that was
+    killed inside (its lease ended since, or we would not hold) is removed. Another live writer: overlap."""
+    marker, tmp = os.path.join(det, "W"), os.path.join(det, "tmp.%d" % me)
+    with open(tmp, "w") as f:
+        f.write(str(me))
+    try:
+        while True:
+            try:
+                os.link(tmp, marker)
+                return None
+            except FileExistsError:
+                try:
+                    with open(marker) as f:
+                        other = int(f.read())
+                except (OSError, ValueError):
+                    continue  # removed meanwhile: try again
+                if alive(other):
+                    return "two writers (pid %d is inside)" % other
+                try:
+                    os.unlink(marker)
+                except FileNotFoundError:
+                    pass
+    finally:
+        os.unlink(tmp)
+
+
 DWELL = 0.002  # time spent inside: widens the window an overlap would show in (a dwell, never a wait)
 
 
@@ -39,11 +82,9 @@ def live_check(det: str, kind: str, mode: str, slots: int) -> str | None:
         os.unlink(mine)
         return "more than %d slot holders: %s" % (slots, inside) if len(inside) > slots else None
     if mode == "exclusive":
-        try:
-            fd = os.open(os.path.join(det, "W"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
-            return "two writers"
-        os.close(fd)
+        seen = enter_writer(det, me)
+        if seen:
+            return seen
         time.sleep(DWELL)
         readers = [n for n in os.listdir(det) if n.startswith("R.")]
         os.sched_yield()
@@ -69,7 +110,8 @@ def main() -> None:
         mode = "exclusive"
         if kind == "mixed":
             mode = "exclusive" if rng.random() < 0.3 else "shared"
-        lock = hostlock.Lock("stress", mode=mode, slots=slots_n if kind == "slots" else 1, fleet=url, ttl=10)
+        lock = hostlock.Lock("stress", mode=mode, slots=slots_n if kind == "slots" else 1, fleet=url,
+                             ttl=float(os.environ.get("STRESS_TTL", "10")))
         with lock:
             note(journal, "enter", mode, lock.fence)
             seen = live_check(det, kind, mode, slots_n)

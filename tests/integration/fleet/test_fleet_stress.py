@@ -9,18 +9,23 @@ enter/exit lines (O_APPEND, one write each) replayed here afterwards, fences inc
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import time
 
 import pytest
+
+import hostlock
 
 WORKER = os.path.join(os.path.dirname(__file__), "fleet_stress_worker.py")
 WAIT = 600.0  # bounds a hang only
 
 
-def replay(journal: str, kind: str, slots: int) -> int:
+def replay(journal: str, kind: str, slots: int, killed: frozenset = frozenset()) -> int:
     """Check the journal: holders never overlapped beyond the mode's rule, and fences ordered as arrival order
-    requires. Returns the number of critical sections seen."""
+    requires. Returns the number of critical sections seen. A pid in `killed` that entered and never left
+    counts as gone once anyone enters after it (its lease had to end first: the live detector checks that)."""
     inside: dict = {}  # pid -> (mode, fence)
     fences: set = set()
     top_any = top_writer = 0
@@ -33,6 +38,8 @@ def replay(journal: str, kind: str, slots: int) -> int:
                 assert inside.pop(pid) == (mode, fence), "line %d: exit without its enter" % n
                 continue
             entered += 1
+            for gone in [p for p in inside if int(p) in killed]:
+                del inside[gone]
             assert fence > 0 and fence not in fences, "line %d: fence %d given twice" % (n, fence)
             fences.add(fence)
             modes = [m for m, _f in inside.values()]
@@ -48,7 +55,7 @@ def replay(journal: str, kind: str, slots: int) -> int:
                 assert fence > top_writer, "line %d: reader's fence %d below writer's %d" % (n, fence, top_writer)
             top_any = max(top_any, fence)
             inside[pid] = (mode, fence)
-    assert not inside, "holders never left: %s" % inside
+    assert all(int(p) in killed for p in inside), "holders never left: %s" % inside
     return entered
 
 
@@ -121,3 +128,63 @@ def test_the_journal_replay_catches_an_overlap(tmp_path):
     good.write_text("enter 1 shared 5\nenter 2 shared 6\nexit 1 shared 5\nexit 2 shared 6\n"
                     "enter 3 exclusive 7\nexit 3 exclusive 7\n")
     assert replay(str(good), "mixed", 1) == 3
+
+
+def test_holders_sigkilled_at_random_points_never_give_two_holders(etcd, tmp_path):
+    """Contenders are SIGKILLed at random moments (waiting, inside, acquiring, releasing) and replaced: a killed
+    holder's lock passes on only when its lease ends (TTL 2 s), and never while it could still act."""
+    det = tmp_path / "detector"
+    det.mkdir()
+    journal = tmp_path / "journal"
+    journal.write_text("")
+    killed_file = tmp_path / "killed"
+    killed_file.write_text("")
+    env = dict(os.environ, STRESS_KILLED=str(killed_file), STRESS_TTL="2")
+    rng = random.Random(11)
+
+    def start() -> subprocess.Popen:
+        home = tmp_path / ("controller-%d" % rng.randrange(1 << 30))
+        (home / "locks").mkdir(parents=True)
+        p = subprocess.Popen([sys.executable, WORKER, etcd.url, str(det), str(journal), "exclusive", "100000", "1"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(env, HOSTLOCK_DIR=str(home / "locks")), cwd=str(home))
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        return p
+
+    def lines() -> int:
+        with open(str(journal)) as f:
+            return sum(1 for _line in f)
+
+    def kill(p: subprocess.Popen) -> None:
+        with open(str(killed_file), "a") as f:
+            f.write("%d\n" % p.pid)  # named before the kill: its markers are a dead holder's from now on
+        p.kill()
+        out, err = p.communicate(timeout=WAIT)
+        assert "OVERLAP" not in out, out
+
+    procs = [start() for _i in range(4)]
+    kills = 0
+    try:
+        while kills < 6:
+            seen = lines()
+            deadline = time.monotonic() + WAIT
+            while lines() < seen + 4:  # the lock moves on after the last kill (a lease had to end): an event
+                assert time.monotonic() < deadline, "no progress after %d kills" % kills
+                assert all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0, 0.05))  # fault injection: a random moment in the cycle, not a wait
+            victim = rng.randrange(len(procs))
+            if kills % 2 == 0:  # every other kill aims at the holder of the moment, as etcd names it
+                holders = [h.pid for h in hostlock.status("stress", fleet=etcd.url).holders]
+                victim = next((i for i, p in enumerate(procs) if p.pid in holders), victim)
+            kill(procs[victim])
+            kills += 1
+            procs[victim] = start()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                kill(p)
+    killed = frozenset(int(x) for x in killed_file.read_text().split())
+    assert replay(str(journal), "exclusive", 1, killed) > 6
