@@ -472,14 +472,15 @@ def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, s
 
 NOTES = [
     "What the time goes to. An uncontended hostlock cycle is, on the calling thread, a lease grant, one "
-    "transaction (create our key if absent + read the queue) and a lease revoke: the three round trips of the "
-    "lease lock floor, plus starting the keep-alive thread (which opens a watch on our own key) and telling "
-    "it to stop. A handoff is the holder's release (the revoke), etcd's "
-    "watch event to the waiter, and the waiter's one read of the queue. In contention every waiter also opens a "
-    "watch stream (a new HTTP connection) on the key ahead of it, and the processes, their keep-alive threads and "
-    "etcd share the machine's cores: that, not the handoff, bounds contended throughput here. `etcdctl lock` "
-    "rows include the Go client's start (the `etcdctl get` row) in every cycle: it is the tool users would "
-    "script otherwise, not a floor. Other work on this shared machine inflates every row; compare ratios.",
+    "transaction (create our key if absent + read the queue) and a lease revoke: the three round trips of the"
+    " lease lock floor, plus starting the keep-alive thread (which opens a watch on our own key) and telling "
+    "it to stop. A handoff is the holder's release (the revoke) and etcd's watch event to the waiter, which "
+    "tracks the keys ahead of it from the events and holds without reading again. In contention every waiter "
+    "also opens a watch stream (a new HTTP connection) on the lock's name, and the processes, their "
+    "keep-alive threads and etcd share the machine's cores: that, not the handoff, bounds contended "
+    "throughput here. `etcdctl lock` rows include the Go client's start (the `etcdctl get` row) in every "
+    "cycle: it is the tool users would script otherwise, not a floor. Other work on this shared machine "
+    "inflates every row; compare ratios.",
 ]
 
 
