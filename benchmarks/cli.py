@@ -7,6 +7,9 @@ Measured in the same run, interleaved round by round so machine noise hits every
     starts the venv's python3 with -I -S);
   - `hostlock flock LOCKFILE true` (flock(1)'s command line: must start as fast as `hostlock run`);
   - `hostlock cron --name NAME -- true` (adds the output capture);
+  - `hostlock run --fleet URL NAME true` against a single etcd member on 127.0.0.1 started here (when etcd is
+    installed): a fleet lock's lease grant, queue transaction, record update and revoke, plus the etcd
+    client's imports;
   - `flock LOCKFILE true` (util-linux flock(1), the ~2 ms floor of a C program);
   - `PYTHON -I -S -c pass` (the bare interpreter: what any Python command pays before doing anything).
 Prints a markdown table (medians, p90, ratios to flock and to the bare interpreter); docs/benchmarks.md
@@ -31,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "lib"
+sys.path.insert(0, str(ROOT / "tests"))
+import fleet_etcd  # noqa: E402 - the test fixture starts and stops the etcd member; path set up just above
 
 
 def real_python() -> str:
@@ -109,6 +114,7 @@ def main() -> int:
     flock = shutil.which("flock")
     load_before = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="hostlock-bench-cli."))
+    etcd = fleet_etcd.start_etcd(str(work)) if fleet_etcd.have_etcd() else None
     try:
         lockdir = work / "locks"
         lockdir.mkdir(mode=0o700)
@@ -120,6 +126,8 @@ def main() -> int:
             "`hostlock run NAME true` (pip install ./lib)": [installed, "run", "bench-pip", "true"],
             "`hostlock flock LOCKFILE true`": [launcher, "flock", str(work / "hostlock-flock.lock"), "true"],
             "`hostlock cron --name NAME -- true`": [launcher, "cron", "--name", "bench-cron", "--", "true"],
+            "`hostlock run --fleet URL NAME true` (local etcd)":
+                [launcher, "run", "--fleet", etcd.url, "bench-fleet", "true"] if etcd else None,
             "`flock LOCKFILE true` (util-linux)": [flock, str(work / "flock.lock"), "true"] if flock else None,
             "`python3 -I -S -c pass` (bare interpreter)": [args.python, "-I", "-S", "-c", "pass"],
         }
@@ -132,6 +140,8 @@ def main() -> int:
             for k, argv in cases.items():
                 times[k].append(once(argv, env))
     finally:
+        if etcd is not None:
+            etcd.stop()
         shutil.rmtree(work, ignore_errors=True)
 
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
@@ -162,6 +172,12 @@ def main() -> int:
     fl_ms = med["`hostlock flock LOCKFILE true`"]
     out += ["", f"`hostlock flock LOCKFILE true` is {fl_ms / run_ms:.2f}x `hostlock run NAME true` "
             f"(target: <= 1.0x, same start-up path; it takes no owner record and starts no watcher)."]
+    fleet_ms = med.get("`hostlock run --fleet URL NAME true` (local etcd)")
+    if fleet_ms is not None:
+        out += ["", f"`hostlock run --fleet URL NAME true` on a local etcd is {fleet_ms / run_ms:.2f}x the host lock "
+                f"({fleet_ms - run_ms:.1f} ms more: importing the etcd client, http.client and json, and its "
+                "round trips (lease grant, queue transaction, owner record, revoke). No target: a fleet lock is "
+                "for work that takes seconds, and etcd's own round trips are measured by `make bench-fleet`."]
     print("\n".join(out))
     if args.docs:
         command = "make bench-cli  # = .venv/bin/python benchmarks/cli.py --docs docs/benchmarks.md"
