@@ -14,7 +14,14 @@ import time
 from _weakref import ref
 
 from . import _kernel
-from ._directory import default_directory, directory_mechanism, open_directory, open_lock_file, read_marker
+from ._directory import (
+    MECHANISM_CHOICES,
+    default_directory,
+    directory_mechanism,
+    open_directory,
+    open_lock_file,
+    read_marker,
+)
 from ._error import HostlockError, LockFileError, LockLost, LockTimeout, MechanismError
 from ._lockers import KERNEL as _KERNEL
 from ._lockers import locker
@@ -26,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
     from ._fleet import Backend
-    from ._lockers import AnyLocker, Held
+    from ._lockers import Held, Locker
     from ._record import RecordMechanism
 
 MODES = ("exclusive", "shared")
@@ -79,8 +86,8 @@ class Lock:
             raise ValueError("slots must be a whole number from 1 to %d, not %r" % (_kernel.MAX_SLOTS, slots))
         if slots > 1 and mode != "exclusive":
             raise ValueError("a semaphore (slots > 1) takes its slots exclusively: use mode='exclusive'")
-        if mechanism not in ("auto", "ofd", "flock", "record"):
-            raise ValueError("mechanism must be auto, ofd, flock or record, not %r" % (mechanism,))
+        if mechanism not in MECHANISM_CHOICES:
+            raise ValueError("mechanism must be %s, not %r" % (", ".join(MECHANISM_CHOICES), mechanism))
         self.mode = mode
         self.slots = slots
         self.fifo = bool(fifo)
@@ -91,7 +98,7 @@ class Lock:
         self._thread: int | None = None
         self._count = 0
         self._held: Held | None = None
-        self._locker: AnyLocker
+        self._locker: Locker
         self.fleet = fleet or None
         if self.fleet is not None:
             if directory is not None or mechanism != "auto":
@@ -155,7 +162,7 @@ class Lock:
             return
         held, self._held, self._thread = self._held, None, None
         try:
-            self._locker.release(held)  # type: ignore[arg-type]
+            self._locker.release(held)
         finally:
             self._mutex.release()
 
@@ -193,7 +200,7 @@ class Lock:
         (`hostlock run`'s watcher does, until the job is dead). Unlocking still frees it at once."""
         if self._held is None:
             return []
-        return self._locker.descriptors(self._held)  # type: ignore[arg-type]
+        return self._locker.descriptors(self._held)
 
     def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None,
                       label: str | None = None, **extra: object) -> None:
@@ -239,7 +246,7 @@ class Lock:
         held = self._held
         self._held, self._thread, self._count = None, None, 0
         self._mutex = _thread.allocate_lock()
-        self._locker.forget(held)  # type: ignore[arg-type]
+        self._locker.forget(held)
 
     def _acquire(self, deadline: float | None) -> Held | None:
         # Know our identity before any wait: a woken waiter must not spend its first moments
@@ -257,24 +264,19 @@ class Lock:
         return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: Held) -> None:
-        self._locker.write_record(held, self._record_bytes(held.slot, getattr(held, "ticket", None)))  # type: ignore[arg-type]
+        self._locker.write_record(held, self._record_bytes(held.slot, getattr(held, "ticket", None)))
 
     def _own_record(self) -> dict | None:
         if self._held is None:
             return None
-        return parse_record(self._locker.read_record(self._held))  # type: ignore[arg-type]
+        return parse_record(self._locker.read_record(self._held))
 
     def _timeout(self, timeout: float | None) -> LockTimeout:
         try:
             st = status(self.name, self.directory) if self.fleet is None else status(self.name, fleet=self.fleet)
-            holders, waiters = st.holders, st.waiters
         except HostlockError:
-            holders, waiters = [], 0
-        who = "; ".join(h.describe() for h in holders) or "another holder"
-        return LockTimeout(
-            "lock %r in %s is held by %s%s; gave up after %ss" % (
-                self.name, self.directory, who, ", %d waiting" % waiters if waiters else "", timeout),
-            holders=holders, waiters=waiters, path=self.path, directory=self.directory)
+            st = LockStatus(self.name, self.directory, self.path, self.mechanism, self.slots, [], 0)
+        return st.timed_out(timeout)
 
 
 class LockStatus:
@@ -307,6 +309,13 @@ class LockStatus:
         if self.stale or self.holders:
             return "stale"
         return "refused" if self.problem else "free"
+
+    def timed_out(self, timeout: float | None) -> LockTimeout:
+        """The one LockTimeout of every wait that gave up (Lock, hold): who held the lock, how many waited."""
+        who = "; ".join(h.describe() for h in self.holders) or "another holder"
+        return LockTimeout("lock %r in %s is held by %s%s; gave up after %ss" % (
+            self.name, self.directory, who, ", %d waiting" % self.waiters if self.waiters else "", timeout),
+            holders=self.holders, waiters=self.waiters, path=self.path, directory=self.directory)
 
     def to_json(self) -> dict:
         """The documented, stable JSON shape of a lock (one entry of hostlock.status/1's "locks")."""
@@ -353,7 +362,7 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
     """Holders and waiters of one lock, read without taking it; never creates anything."""
     validate_name(name)
     if fleet:
-        return _fleet_backend(fleet).status(name)  # type: ignore[return-value]
+        return _fleet_backend(fleet).status(name)
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)

@@ -6,6 +6,7 @@ Parsed by hand with `_cli_common.getopt` (argparse costs ~12 ms on a path starte
 from __future__ import annotations
 
 from . import _cli_common as c
+from ._directory import MECHANISM_CHOICES
 from ._supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
 TYPE_CHECKING = False
@@ -155,7 +156,7 @@ _CRON_SPEC.update({
     "--syslog": ("syslog", False),
     "--syslog-socket": ("syslog_socket", True),
 })
-_MECHANISMS = ("auto", "ofd", "flock", "record")
+_MECHANISMS = MECHANISM_CHOICES
 _PGROUPS = PROCESS_GROUPS
 _ON_CONFLICT = ("quiet", "report", "fail")
 

@@ -73,8 +73,9 @@ def prefix_end(prefix: bytes) -> bytes:
 class EtcdError(HostlockError):
     """etcd answered, and refused the request (not found, compare failed, bad request); `code` is gRPC's."""
 
-    def __init__(self, message: str, *, code: int = 0, **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, code: int = 0, path: str | None = None,
+                 directory: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, directory=directory, errno=errno)
         self.code = code
 
 

@@ -282,7 +282,7 @@ class KernelMechanism:
                     mine.unlock(QUEUE0 + mine.ticket)
                     mine.ticket = None
             return None
-        return got  # type: ignore[return-value]
+        return got
 
     def _queued_and_close_on_error(self, f: LockFile, mode: str, slots: int, race: Race, fifo: bool) -> Held | None:
         try:
@@ -395,7 +395,7 @@ class KernelMechanism:
 
         for k in range(slots):
             race.spawn(wait_slot, k)
-        return race.wait(None)  # type: ignore[return-value]
+        return race.wait(None)
 
     # -- holding -------------------------------------------------------------------------------------
     def write_record(self, held: Held, data: bytes) -> None:

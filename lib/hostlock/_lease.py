@@ -35,6 +35,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
     import socket
 
+    from ._api import Lock
+
 _SOCKET_PREFIX = "\0hostlock-lease/"  # Linux abstract namespace: no file to clean up after a SIGKILL
 _PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
 _MAX_REQUEST = 512  # bytes: a request is one short line; longer is garbage
@@ -122,10 +124,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     if last.startswith("TIMEOUT"):
         from ._api import status
 
-        st = status(name, directory)
-        who = "; ".join(h.describe() for h in st.holders) or "another holder"
-        raise LockTimeout("lock %r in %s is held by %s; gave up after %ss" % (name, directory, who, timeout),
-                          holders=st.holders, waiters=st.waiters, directory=directory)
+        raise status(name, directory).timed_out(timeout)
     raise HostlockError("lease holder for %r failed: %s" % (name, last[4:] if last.startswith("ERR ") else
                                                             "it exited without a word"), directory=directory)
 
@@ -320,7 +319,7 @@ def _send_once(conn: socket.socket, data: bytes) -> None:
 class _Channel:
     """The holder's side of the control channel: one non-blocking selector loop until release or expiry."""
 
-    def __init__(self, sock: socket.socket, lock: object, name: str, secret: str, lease: float) -> None:
+    def __init__(self, sock: socket.socket, lock: Lock, name: str, secret: str, lease: float) -> None:
         import selectors
 
         self._events = selectors.EVENT_READ
@@ -426,7 +425,7 @@ class _Channel:
             self.done = True
             self.sel.unregister(self.sock)
             self.sock.close()
-            self.lock.release()  # type: ignore[attr-defined]
+            self.lock.release()
             body = "OK"
         elif verb == "renew":
             try:
@@ -436,7 +435,7 @@ class _Channel:
             else:
                 expires = time.time() + more
                 try:
-                    self.lock.update_record(lease="%.3f" % expires)  # type: ignore[attr-defined]
+                    self.lock.update_record(lease="%.3f" % expires)
                 except (OSError, HostlockError) as e:  # keep the old deadline: the record still shows it
                     body = "ERR cannot renew: %s" % e
                 else:

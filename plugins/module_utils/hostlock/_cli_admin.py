@@ -29,6 +29,7 @@ from . import (
     token_id,
 )
 from . import _cli_common as c
+from ._directory import MECHANISM_CHOICES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -131,7 +132,7 @@ def _build(command: str) -> argparse.ArgumentParser:
                        help="wait at most DURATION (default: wait as long as it takes)")
         p.add_argument("-E", "--conflict-exit-code", type=_exit_code, default=c.CONFLICT_DEFAULT, metavar="CODE",
                        help="exit code when the lock is busy (default %(default)s)")
-        p.add_argument("--mechanism", choices=("auto", "ofd", "flock", "record"), default="auto")
+        p.add_argument("--mechanism", choices=MECHANISM_CHOICES, default="auto")
         p.add_argument("--label", metavar="TEXT", help="free text shown by 'hostlock status'")
         _add_dir(p)
         _add_fleet(p)

@@ -21,6 +21,7 @@ from ._error import LockDirectoryError, LockFileError, MechanismError
 SYSTEM_DIRECTORY = "/run/hostlock"
 MARKER = ".hostlock-mechanism"
 MECHANISMS = ("ofd", "flock", "record")
+MECHANISM_CHOICES = ("auto", *MECHANISMS)  # what a Lock, --mechanism and the modules accept
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)

@@ -19,8 +19,9 @@ class HostlockError(Exception):
 class LockTimeout(HostlockError, TimeoutError):
     """Not acquired in time; `holders` says who had it when we gave up."""
 
-    def __init__(self, message: str, *, holders: list | None = None, waiters: int = 0, **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, holders: list | None = None, waiters: int = 0, path: str | None = None,
+                 directory: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, directory=directory, errno=errno)
         self.holders = holders or []
         self.waiters = waiters
 
@@ -52,8 +53,9 @@ class TokenError(HostlockError):
     a live lease), or "gone" (released, expired, or its holder died).
     """
 
-    def __init__(self, message: str, *, reason: str = "refused", **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, reason: str = "refused", path: str | None = None,
+                 directory: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, directory=directory, errno=errno)
         self.reason = reason
 
 
@@ -72,8 +74,9 @@ class FleetUnavailable(HostlockError):
     left behind: a waiter's key is deleted, or expires with its lease.
     """
 
-    def __init__(self, message: str, *, endpoints: str = "", **kw: object) -> None:
-        super().__init__(message, **kw)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, endpoints: str = "", path: str | None = None,
+                 directory: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, directory=directory, errno=errno)
         self.endpoints = endpoints
 
 

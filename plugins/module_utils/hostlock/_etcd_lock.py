@@ -36,6 +36,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Optional
 
+    from ._api import LockStatus
     from ._fleet import FleetURL
 
     Builder = Callable[[Optional[int], Optional[int]], bytes]
@@ -515,7 +516,7 @@ class EtcdBackend:
                                  monotonic() + DEFAULT_TTL)
         return reply.get("kvs") or []
 
-    def _status(self, name: str, entries: list) -> object:
+    def _status(self, name: str, entries: list) -> LockStatus:
         from ._api import LockStatus
 
         holders: list = []
@@ -529,7 +530,7 @@ class EtcdBackend:
         slots = max([e.slots for e in entries] or [1])
         return LockStatus(name, self.url.display(), self.url.display(name), "etcd", slots, holders, waiters)
 
-    def status(self, name: str) -> object:
+    def status(self, name: str) -> LockStatus:
         validate_name(name)
         return self._status(name, _entries(self._range(self.name_prefix(name))))
 
@@ -577,7 +578,6 @@ class EtcdBackend:
         the key moves onto a lease of TTL `lease`, and no process keeps it alive.
         """
         from ._api import MODES
-        from ._error import LockTimeout
 
         validate_name(name)
         lease = check_duration(lease, "lease", positive=True)
@@ -585,19 +585,15 @@ class EtcdBackend:
             timeout = check_duration(timeout, "timeout")
         if mode not in MODES:
             raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
-        extra = {"slots": slots}
+        extra: dict[str, object] = {"slots": slots}
         if label:
-            extra["label"] = label  # type: ignore[assignment]
+            extra["label"] = label
         pre = record_prefix(mode, extra)
         locker = self.locker(name, slots, DEFAULT_TTL, None)
         deadline = None if timeout is None else monotonic() + timeout
         held = locker.acquire(mode, True, deadline, lambda s, t: build_record(pre, s, t))
         if held is None:
-            st = self.status(name)
-            who = "; ".join(h.describe() for h in st.holders) or "another holder"  # type: ignore[attr-defined]
-            raise LockTimeout("lock %r in %s is held by %s; gave up after %ss" % (name, self.url.display(), who,
-                                                                                  timeout),
-                              holders=st.holders, waiters=st.waiters, path=locker.path)  # type: ignore[attr-defined]
+            raise self.status(name).timed_out(timeout)
         hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
         try:
             self._move(held.key, held.fence, held.lease, lease, pre, hexid)

@@ -23,7 +23,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Protocol
 
-    from ._etcd_lock import EtcdLocker
+    from ._api import LockStatus
+    from ._lockers import Locker
 
     class Backend(Protocol):
         """What a fleet store implements; the engine's module functions call only these."""
@@ -31,9 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
         url: FleetURL
 
         def locker(self, name: str, slots: int, ttl: float,
-                   on_lost: Callable[[], object] | None) -> EtcdLocker: ...  # the _lockers interface
+                   on_lost: Callable[[], object] | None) -> Locker: ...
 
-        def status(self, name: str) -> object: ...
+        def status(self, name: str) -> LockStatus: ...
 
         def list_locks(self) -> list: ...
 

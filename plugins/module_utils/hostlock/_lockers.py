@@ -17,14 +17,40 @@ from ._directory import open_directory, open_lock_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Callable, Optional, Union
+    from typing import Any, Callable, Optional, Protocol, Union
 
-    from ._etcd_lock import EtcdHeld, EtcdLocker
+    from ._etcd_lock import EtcdHeld
     from ._record import RecordHeld, RecordMechanism
 
     Held = Union[_kernel.Held, RecordHeld, EtcdHeld]
-    AnyLocker = Union["KernelLocker", "RecordLocker", EtcdLocker]  # fleet lockers come from _fleet.backend()
     Builder = Callable[[Optional[int], Optional[int]], bytes]  # (slot, ticket) -> the owner record
+
+    class Locker(Protocol):
+        """What a Lock needs of a mechanism (KernelLocker, RecordLocker, _etcd_lock.EtcdLocker).
+
+        `held` is whatever this locker's own acquire() returned: typed Any here because a Lock only ever
+        hands a locker back its own Held (one locker per Lock, chosen once), which a Protocol cannot say.
+        """
+
+        path: str
+
+        def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> Held | None:
+            """Held, with our owner record written, or None once the deadline has passed."""
+
+        def release(self, held: Any) -> None:
+            """Nothing of `held` is held any more when this returns."""
+
+        def write_record(self, held: Any, data: bytes) -> None: ...
+
+        def read_record(self, held: Any) -> bytes: ...
+
+        def descriptors(self, held: Any) -> list[int]:
+            """Descriptors whose duplicates keep the lock held after we are gone (kernel locks only)."""
+
+        def forget(self, held: Any) -> None:
+            """In a forked child: drop everything without releasing (the parent still holds)."""
+
+        def close(self) -> None: ...
 
 KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}
 

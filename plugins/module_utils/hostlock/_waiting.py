@@ -14,13 +14,17 @@ from __future__ import annotations
 import _thread
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable
+
 TIMED_OUT = object()
 
 
 class Race:
     """First result wins; results that arrive after the winner, or after the caller gave up, are undone."""
 
-    def __init__(self, undo: object) -> None:
+    def __init__(self, undo: Callable[[Any], object]) -> None:
         self.mutex = _thread.allocate_lock()
         self._done = _thread.allocate_lock()
         self._done.acquire()
@@ -38,9 +42,9 @@ class Race:
                 self._result, self._error = value, error
                 self._done.release()
         if not take and error is None and value is not None:
-            self._undo(value)  # type: ignore[operator]
+            self._undo(value)
 
-    def spawn(self, fn: object, *args: object) -> None:
+    def spawn(self, fn: Callable[..., object], *args: object) -> None:
         def run() -> None:
             try:
                 import signal
@@ -48,7 +52,7 @@ class Race:
                 # Process-directed signals (SIGTERM for a job a CLI supervises) must reach the main
                 # thread, never a helper left waiting in the kernel.
                 signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-                value = fn(*args)  # type: ignore[operator]
+                value = fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 self.offer(None, e)
             else:
@@ -56,7 +60,7 @@ class Race:
 
         _thread.start_new_thread(run, ())
 
-    def wait(self, deadline: float | None) -> object:
+    def wait(self, deadline: float | None) -> Any:
         """The winning value, TIMED_OUT, or the winner's exception re-raised in the caller."""
         try:
             if deadline is None:
@@ -67,7 +71,7 @@ class Race:
             with self.mutex:
                 settled, self.abandoned = self._settled, True
             if settled and self._error is None and self._result is not None:
-                self._undo(self._result)  # type: ignore[operator]
+                self._undo(self._result)
             raise
         with self.mutex:
             settled = self._settled
