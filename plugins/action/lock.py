@@ -59,7 +59,13 @@ class ActionModule(ActionBase):
         result.update(self._execute_module(module_name=LOCK_MODULE, module_args=args, task_vars=task_vars))
         info = result.get("hostlock") or {}
         if info.get("event") == "acquired" and boolean(args.get("heartbeat"), strict=False) and result.get("token"):
-            result["heartbeat"] = self._start_heartbeat(args, result, task_vars or {})
+            try:
+                result["heartbeat"] = self._start_heartbeat(args, result, task_vars or {})
+            except OSError as e:  # no heartbeat: give the lease back rather than hold it unrenewed
+                self._execute_module(module_name=LOCK_MODULE, task_vars=task_vars, module_args=dict(
+                    name=args["name"], state="released", token=result["token"], directory=result.get("directory")))
+                return dict(failed=True, name=args["name"], msg=f"lock {args['name']}: cannot start the lease's "
+                            f"heartbeat on the control node ({e}); the lease was released")
         if result.get("hostlock", {}).get("event") == "renewed" and isinstance(args.get("token"), str):
             # The module masks values equal to its no_log parameter, so a renewal's `token` comes back as
             # VALUE_SPECIFIED_IN_NO_LOG_PARAMETER; a playbook re-registering it would lose the lease. It
