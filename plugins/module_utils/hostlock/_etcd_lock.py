@@ -306,7 +306,8 @@ class Session:
 
     def _open_watch(self, next_ka: float) -> tuple:
         key = self.key
-        assert key is not None
+        if key is None:  # not yet created: nothing to watch
+            return None, None
         deadline = monotonic() + max(0.05, next_ka - boottime())
         if self._from:
             # First watch: from the revision after our key's creation, every change of it arrives (a
