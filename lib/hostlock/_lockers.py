@@ -87,6 +87,8 @@ class KernelLocker:
             if held is None and (deadline is None or deadline > time.monotonic()):
                 held = mech.acquire(f, mode, self.slots, deadline, fifo)
             if held is None:
+                if f.detached:  # a timed-out waiter's thread still keeps its place in line on it
+                    self.file = None
                 return None
             if os.fstat(held.file.fd).st_nlink == 0:
                 # Our file was unlinked (hostlock gc, or a person) while we waited: a lock on a dead inode

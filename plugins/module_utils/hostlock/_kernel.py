@@ -29,7 +29,14 @@ import struct
 import sys
 import time
 
-from ._waiting import TIMED_OUT, Race
+from . import _waiting
+from ._waiting import TIMED_OUT, Expired, Race
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
+    from ._waiting import Alarm
 
 F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)  # constants missing before Python 3.9; same on all arches
 F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
@@ -83,7 +90,7 @@ _MAIN_UNLOCK = _pack(UN, MAIN)
 class LockFile:
     """One open lock file and its byte ranges, as KernelMechanism uses them; each subclass is one kernel API."""
 
-    __slots__ = ("fd", "path", "ticket", "at_head")
+    __slots__ = ("fd", "path", "ticket", "at_head", "detached")
     fair = False  # ranges can be tested without taking them, so waiters can queue in FIFO order
     unrolled = False  # the hot path may call OFD fcntl directly
 
@@ -92,6 +99,7 @@ class LockFile:
         self.path = path
         self.ticket: int | None = None  # our place in line while waiting
         self.at_head = False  # the waiter ahead has reached the lock: we wait on the lock itself
+        self.detached = False  # a timed-out waiter left it to a thread that keeps its place: reopen
 
     def lock(self, start: int, kind: int, wait: bool) -> bool:
         """Take range `start` as RD or WR: True when taken; False on contention when not waiting."""
@@ -269,6 +277,14 @@ class KernelMechanism:
         """Wait in line; None when the deadline passes. The fast path has already failed."""
         if deadline is None:
             return self._queued(f, mode, slots, owned=False, fifo=fifo)
+        alarm = _waiting.alarm(deadline) if slots == 1 else None
+        if alarm is not None:
+            # The main thread waits in fcntl() itself, on its own description, exactly as an untimed wait;
+            # the alarm's signal ends the wait at the deadline (see _waiting).
+            try:
+                return self._queued(f, mode, slots, owned=False, fifo=fifo, alarm=alarm)
+            finally:
+                alarm.disarm()
         mine = f.reopen()
         race = Race(undo=self.release)
         race.spawn(self._queued_and_close_on_error, mine, mode, slots, race, fifo)
@@ -297,10 +313,11 @@ class KernelMechanism:
         return held
 
     def _queued(self, f: LockFile, mode: str, slots: int, owned: bool, race: Race | None = None,
-                fifo: bool = True) -> Held | None:
+                fifo: bool = True, alarm: Alarm | None = None) -> Held | None:
         if not f.fair:
-            return self._take(f, mode, slots, wait=True, owned=owned)
-        f.lock(META, WR, True)
+            return self._take(f, mode, slots, wait=True, owned=owned, alarm=alarm)
+        if not _wait(f, META, WR, alarm):
+            return None
         try:
             raw = os.pread(f.fd, 8, COUNTER_AT)
             ticket = int.from_bytes(raw, "little") if len(raw) == 8 else 0
@@ -320,15 +337,19 @@ class KernelMechanism:
         else:
             f.ticket = ticket
         held = None
+        leaving = False
         try:
             if ticket:
                 # Two stages, both asleep in the kernel: first until the waiter ahead holds the lock (or
                 # gives up, or dies); then until it lets go, spinning briefly first, so that a short
                 # critical section hands over without a scheduler wake-up on the critical path.
-                f.lock(WAITING0 + ticket - 1, RD, True)
+                if not _wait(f, WAITING0 + ticket - 1, RD, alarm):
+                    leaving = True
+                    return None
                 f.unlock(WAITING0 + ticket - 1)
-                if not _spin(f, QUEUE0 + ticket - 1):
-                    f.lock(QUEUE0 + ticket - 1, RD, True)
+                if not _spin(f, QUEUE0 + ticket - 1) and not _wait(f, QUEUE0 + ticket - 1, RD, alarm):
+                    leaving = True
+                    return None
                 f.unlock(QUEUE0 + ticket - 1)
             if race is not None:
                 with race.mutex:
@@ -338,7 +359,7 @@ class KernelMechanism:
             if not fifo:
                 # First in line from now: newcomers may barge in only for BARGE_WINDOW_NS more.
                 os.pwrite(f.fd, time.monotonic_ns().to_bytes(8, "little"), HEAD_SINCE_AT)
-            held = self._take(f, mode, slots, wait=True, owned=owned)
+            held = self._take(f, mode, slots, wait=True, owned=owned, alarm=alarm)
             if held is not None and held.start == MAIN and held.rec is None:
                 # An exclusive holder keeps its place in line until it releases: the next waiter then
                 # wakes once, into a free lock, instead of waking only to queue on the lock itself.
@@ -351,6 +372,11 @@ class KernelMechanism:
                         f.unlock(WAITING0 + ticket)  # we hold (or left): the next waiter moves up
                         if held is None or held.ticket is None:
                             f.unlock(QUEUE0 + ticket)
+            elif leaving:
+                # Timed out behind other waiters: keep our place until the waiter ahead is through, or
+                # those behind us could overtake it (a writer among them); a thread does that on this
+                # description, and the Lock opens a new one.
+                _leave_later(f, ticket)
             else:
                 f.unlock(WAITING0 + ticket)
                 if held is None or held.ticket is None:
@@ -358,10 +384,11 @@ class KernelMechanism:
             f.ticket = None
             f.at_head = False
 
-    def _take(self, f: LockFile, mode: str, slots: int, wait: bool, owned: bool) -> Held | None:
+    def _take(self, f: LockFile, mode: str, slots: int, wait: bool, owned: bool,
+              alarm: Alarm | None = None) -> Held | None:
         if slots == 1:
             kind = RD if mode == "shared" else WR
-            if not f.lock(MAIN, kind, wait):
+            if not (_wait(f, MAIN, kind, alarm) if wait else f.lock(MAIN, kind, False)):
                 return None
             try:
                 if kind == WR:
@@ -479,10 +506,68 @@ class KernelMechanism:
         return slots, entries, tickets
 
 
-def _attempt(call: object, *args: object, wait: bool) -> bool:
+def _wait(f: LockFile, start: int, kind: int, alarm: Alarm | None) -> bool:
+    """Sleep in the kernel until range `start` is ours: True; False once the alarm has rung (nothing held)."""
+    if alarm is None:
+        return f.lock(start, kind, True)
+    try:
+        alarm.armed = True
+        if alarm.rang:
+            raise Expired()
+        f.lock(start, kind, True)
+        alarm.armed = False
+    except Expired:
+        alarm.armed = False
+        # The handler may have run just after the kernel granted the range (between bytecodes): undo it.
+        # Unlocking a range this description does not hold changes nothing.
+        f.unlock(start)
+        return False
+    return True
+
+
+_DETACHED: set = set()  # descriptions of timed-out waiters still keeping their place (see _leave_later)
+
+
+def _leave_later(f: LockFile, ticket: int) -> None:
+    """Leave the line once the waiter ahead of `ticket` is through; then close `f` (dropping our ranges)."""
+    import _signal
+    import _thread
+
+    f.detached = True
+    _DETACHED.add(f)
+
+    def leave() -> None:
+        try:
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())  # signals go to the caller
+            for start in (WAITING0 + ticket - 1, QUEUE0 + ticket - 1):
+                f.lock(start, RD, True)
+                f.unlock(start)
+        finally:
+            if f in _DETACHED:
+                _DETACHED.discard(f)
+                f.close()
+
+    _thread.start_new_thread(leave, ())
+
+
+def _close_detached_in_child() -> None:
+    # A forked child's copies would keep the parent's place in line after the parent's thread leaves it.
+    for f in list(_DETACHED):
+        _DETACHED.discard(f)
+        try:
+            f.close()
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_detached_in_child)
+
+
+def _attempt(call: Callable[..., object], *args: object, wait: bool) -> bool:
     """One lock call: False on contention when not waiting, True when taken; any other error raises."""
     try:
-        call(*args)  # type: ignore[operator]
+        call(*args)
     except OSError as e:
         if not wait and e.errno in CONTENTION:
             return False

@@ -2,16 +2,22 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Waiting with a deadline while the wait itself sleeps in the kernel.
 
-A blocking fcntl() cannot be given a timeout or be cancelled from another thread, so a timed wait runs in
-a helper thread on its own open file description and the caller sleeps on a thread lock with a timeout
-(a futex: no polling, no CPU). If the caller gives up first, the helper undoes whatever it later gets;
-because its locks live on its own file description they can never touch the caller's.
-Uses `_thread`, not `threading`: importing threading costs ~6 ms of a 20 ms command-line budget.
+A blocking fcntl() cannot be given a timeout. In the main thread (the CLI's -w, the modules' timeout) the
+caller blocks in fcntl() itself, as an untimed wait does, and an Alarm ends the wait at the deadline: a
+per-process timer thread sends the main thread a signal, fcntl() fails with EINTR, and our handler raises
+Expired there. So a timed handoff costs what an untimed one does: no thread start, no reopened file, no
+second wake-up on the critical path. Elsewhere (other threads, a signal the application already uses) a
+timed wait runs in a helper thread on its own open file description (Race) and the caller sleeps on a
+thread lock with a timeout; if the caller gives up first, the helper undoes whatever it later gets.
+Uses `_thread` and `_signal`, not `threading`/`signal`: importing those costs ~6 ms of a 20 ms command-line
+budget.
 """
 
 from __future__ import annotations
 
+import _signal
 import _thread
+import os
 import time
 
 TYPE_CHECKING = False
@@ -19,6 +25,116 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable
 
 TIMED_OUT = object()
+# The signal that ends a timed wait in the main thread: a real-time signal no program of ours uses, taken
+# only while its disposition is the default (an application that handles it keeps it: we use Race then).
+# Its default action is to terminate, so once our handler is installed it stays (a late signal is ignored).
+ALARM_SIGNAL = _signal.SIGRTMAX - 3
+
+
+class Expired(Exception):
+    """Raised by the alarm's signal handler inside a blocking fcntl() whose deadline has passed."""
+
+
+class Alarm:
+    """Ends blocking calls of the main thread at a deadline; one per process, its timer thread shared.
+
+    Generations make a late signal harmless: the handler acts only on a signal sent for the current arming.
+    The timer thread is woken only when a new deadline is earlier than the one it sleeps towards, so waits
+    that keep the same timeout cost it nothing.
+    """
+
+    def __init__(self) -> None:
+        self.mutex = _thread.allocate_lock()
+        self._wake = _thread.allocate_lock()
+        self._wake.acquire()  # released = "look again": a binary semaphore only arm() posts
+        self.deadline: float | None = None
+        self._sleeping_until: float | None = None
+        self.gen = 0
+        self.fired_gen = -1
+        self.armed = False  # True only around a blocking call that may be ended by Expired
+        self.busy = False
+        self.target = 0
+        _thread.start_new_thread(self._run, ())
+
+    def arm(self, deadline: float) -> None:
+        with self.mutex:
+            self.gen += 1
+            self.deadline = deadline
+            self.target = _thread.get_ident()
+            self.busy = True
+            until = self._sleeping_until
+            if (until is None or deadline < until) and self._wake.locked():
+                self._wake.release()
+
+    def disarm(self) -> None:
+        with self.mutex:
+            self.deadline = None
+            self.armed = False
+            self.busy = False
+
+    @property
+    def rang(self) -> bool:
+        return self.fired_gen == self.gen
+
+    def _run(self) -> None:
+        # Process-directed signals (SIGTERM for a job a CLI supervises) must reach the main thread.
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        while True:
+            with self.mutex:
+                deadline = self.deadline
+                if deadline is not None and deadline <= time.monotonic():
+                    self.deadline = None
+                    self.fired_gen = self.gen
+                    # Sent under the mutex: arm()/disarm() cannot slip in between the decision and the signal.
+                    _signal.pthread_kill(self.target, ALARM_SIGNAL)
+                    continue
+                self._sleeping_until = deadline
+            if deadline is None:
+                self._wake.acquire()
+            else:
+                self._wake.acquire(True, max(0.0, deadline - time.monotonic()))
+            with self.mutex:
+                self._sleeping_until = None
+
+    def ring(self, _sig: int, _frame: object) -> None:
+        """The signal handler (main thread, between bytecodes or as fcntl() returns EINTR)."""
+        if self.armed and self.rang:
+            self.armed = False
+            raise Expired()
+
+
+_alarm: Alarm | None = None
+
+
+def alarm(deadline: float) -> Alarm | None:
+    """The process's Alarm armed for `deadline`, or None when the caller must use Race instead (not the main
+    thread, a subinterpreter, the application handles ALARM_SIGNAL itself, or a wait is already armed)."""
+    global _alarm
+    a = _alarm
+    if a is not None and a.busy:
+        return None  # a timed wait inside a signal handler that interrupted another: the thread path
+    try:
+        current = _signal.getsignal(ALARM_SIGNAL)
+        if current != _signal.SIG_DFL and (a is None or current != a.ring):
+            return None
+        # signal() is also the test for "main thread": it raises ValueError anywhere else.
+        _signal.signal(ALARM_SIGNAL, current)
+        if a is None:
+            a = _alarm = Alarm()
+            _signal.signal(ALARM_SIGNAL, a.ring)
+    except (ValueError, OSError, RuntimeError):
+        return None
+    a.arm(deadline)
+    return a
+
+
+def _forget_alarm() -> None:
+    global _alarm
+    _alarm = None  # its timer thread did not survive fork: the child starts its own when it needs one
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_alarm)
 
 
 class Race:
@@ -29,12 +145,12 @@ class Race:
         self._done = _thread.allocate_lock()
         self._done.acquire()
         self._undo = undo
-        self._result: object = None
+        self._result: Any = None
         self._error: BaseException | None = None
         self._settled = False
         self.abandoned = False
 
-    def offer(self, value: object = None, error: BaseException | None = None) -> None:
+    def offer(self, value: Any = None, error: BaseException | None = None) -> None:
         with self.mutex:
             take = not self._settled and not self.abandoned
             if take:
@@ -47,11 +163,9 @@ class Race:
     def spawn(self, fn: Callable[..., object], *args: object) -> None:
         def run() -> None:
             try:
-                import signal
-
                 # Process-directed signals (SIGTERM for a job a CLI supervises) must reach the main
                 # thread, never a helper left waiting in the kernel.
-                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
                 value = fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 self.offer(None, e)
