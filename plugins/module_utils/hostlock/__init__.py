@@ -31,21 +31,25 @@ from ._owner import Holder
 __version__ = "0.1.0"
 
 
-def hold(name: str, lease: float, **options: object) -> str:
+def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, label: str | None = None,
+         timeout: float | None = None, directory: str | None = None, mechanism: str = "auto",
+         in_flight: bool = False, fleet: str | None = None) -> str:
     """Take `name` for `lease` seconds beyond this process; returns the token for renew()/release().
 
     On a host (hostlock._lease.hold): a detached holder process. With `fleet=URL` (and mode, slots, label,
     timeout): an etcd lease of TTL `lease`, which outlives this process with no helper at all.
     The lease code (and socket) loads only when used: the command line's `run` never pays for it.
     """
-    fleet = options.pop("fleet", None)
     if fleet:
+        if directory is not None or mechanism != "auto" or in_flight:
+            raise ValueError("a fleet lease lives in etcd: give fleet= without directory=, mechanism= or in_flight=")
         from ._fleet import backend
 
-        return backend(fleet).hold(name, lease, **options)  # type: ignore[arg-type]
+        return backend(fleet).hold(name, lease, mode, slots, label, timeout)
     from ._lease import hold as _hold
 
-    return _hold(name, lease, **options)  # type: ignore[arg-type]
+    return _hold(name, lease, mode=mode, slots=slots, directory=directory, timeout=timeout, mechanism=mechanism,
+                 label=label, in_flight=in_flight)
 
 
 def renew(name: str, token: str, lease: float | None = None, directory: str | None = None, *,
