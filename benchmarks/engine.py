@@ -410,6 +410,13 @@ def machine() -> str:
     )
 
 
+def load() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "unknown"
+
+
 def write_docs(path: Path, section: str) -> None:
     """Replace the "## Engine" section of path (or add it), leaving other sections alone."""
     text = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
@@ -440,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"  .. {msg}", file=sys.stderr, flush=True)
 
+    load_before = load()
     anchors = run(cfg, args.only, log)
+    load_after = load()
     hostlock_mech = hostlock.Lock("probe", directory=tempfile.gettempdir()).mechanism
     command = "make bench-engine  # = " + shlex.join([sys.executable, "benchmarks/engine.py", *(argv or sys.argv[1:])])
     section = "\n".join(
@@ -451,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             command,
             "```",
             "",
-            machine() + f"; hostlock mechanism: {hostlock_mech}.",
+            machine() + f"; hostlock mechanism: {hostlock_mech}; load average (1 min) {load_before} before the run, "
+            f"{load_after} after (the machine is shared: compare ratios within one run).",
             f"Uncontended: median of {cfg.repeats} batches of {cfg.cycles} cycles on an open lock object. "
             f"Handoff: {cfg.handoff_samples} samples ({cfg.poller_handoff_samples} for pollers), one forked "
             f"waiter each. Contention: {cfg.procs} forked processes x {cfg.contend_cycles} cycles "
