@@ -314,10 +314,9 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> Lock:
     if o.name is None:  # the parser sets a name whenever --path is absent
         raise c.UsageError("missing lock NAME")
     if o.fleet is not None:
-        fleet: dict[str, object] = {"fleet": o.fleet, "on_lost": on_lost}
-        if o.ttl is not None:
-            fleet["ttl"] = o.ttl
-        return Lock(o.name, mode=o.mode, slots=o.slots, label=o.label, **fleet)  # type: ignore[arg-type]
+        if o.ttl is None:  # the engine's default lease
+            return Lock(o.name, mode=o.mode, slots=o.slots, label=o.label, fleet=o.fleet, on_lost=on_lost)
+        return Lock(o.name, mode=o.mode, slots=o.slots, label=o.label, fleet=o.fleet, on_lost=on_lost, ttl=o.ttl)
     return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,
                 label=o.label)
 

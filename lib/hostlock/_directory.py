@@ -14,6 +14,10 @@ import stat
 
 from ._error import LockDirectoryError, LockFileError, MechanismError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
 # Under /run (root's, mode 0755), not /run/lock (1777): there any user could mkdir the name first and
 # make every root job refuse it (a squatted default is a denial of service).
 SYSTEM_DIRECTORY = "/run/hostlock"
@@ -240,7 +244,7 @@ def _read_marker(fd: int, directory: str) -> str:
         os.close(fd)
 
 
-def directory_mechanism(dirfd: int, directory: str, requested: str, probe: object) -> str:
+def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Callable[[int], str]) -> str:
     """The directory's one mechanism: every process on a directory must use the same one, or none excludes.
 
     The first user records it in a marker file; `probe(fd)` returns the kernel mechanism that works here
@@ -256,7 +260,7 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: objec
             try:
                 os.fchmod(wfd, 0o644)
                 # Probe kernel locks on the marker file itself: no extra file left behind.
-                chosen = requested if requested != "auto" else probe(wfd)  # type: ignore[operator]
+                chosen = requested if requested != "auto" else probe(wfd)
                 os.write(wfd, (chosen + "\n").encode())
                 os.close(wfd)
                 wfd = -1

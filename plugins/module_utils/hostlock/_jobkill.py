@@ -25,6 +25,10 @@ import _signal
 import os
 import time
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
 
 def _stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgrp, start time in clock ticks) from /proc/PID/stat, or None if it is gone."""
@@ -123,11 +127,11 @@ def _send(pids: set[int], job: int, new_group: bool, sig: int) -> None:
             pass
 
 
-def _wait(pids: set[int], done: object) -> None:
+def _wait(pids: set[int], done: Callable[[tuple[str, int, int, int] | None], bool]) -> None:
     """Until done(state) holds for every pid (gone counts): short naps, growing to 50 ms."""
     nap = 0.001
     while True:
-        left = {pid for pid in pids if not done(_stat(pid))}  # type: ignore[operator]
+        left = {pid for pid in pids if not done(_stat(pid))}
         if not left:
             return
         pids = left
@@ -136,7 +140,7 @@ def _wait(pids: set[int], done: object) -> None:
 
 
 def _stopped(st: tuple[str, int, int, int] | None) -> bool:
-    return not _alive(st) or st[0] in ("T", "t")  # type: ignore[index]
+    return st is None or not _alive(st) or st[0] in ("T", "t")
 
 
 def kill_job(job: int, new_group: bool, job_stat: bytes, tag: bytes = b"") -> None:

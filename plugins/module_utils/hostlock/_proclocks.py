@@ -174,13 +174,13 @@ def locks_on(st_dev: int, st_ino: int, proc: str = "/proc") -> list[KernelLock]:
                     if lk is not None:
                         holding.setdefault(lk.key(), []).append((pid, int(name)))
     for lk in locks:
-        found = holding.get(lk.key(), [])
+        found: list[tuple[int, int | None]] = list(holding.get(lk.key(), []))
         if lk.kind == "posix":  # owned by one process: the one /proc/locks names
-            found = [(p, fd) for p, fd in found if p == lk.pid] or [(lk.pid, None)]  # type: ignore[list-item]
+            found = [(p, fd) for p, fd in found if p == lk.pid] or [(lk.pid, None)]
         elif lk.waiting:  # a blocked request is not listed in fdinfo; /proc/locks names the waiter
-            found = [(lk.pid, None)] if lk.pid > 0 else []  # type: ignore[list-item]
+            found = [(lk.pid, None)] if lk.pid > 0 else []
         elif not found and lk.pid > 0:  # holder not readable by us: say what /proc/locks says
-            found = [(lk.pid, None)]  # type: ignore[list-item]
+            found = [(lk.pid, None)]
         for pid, fd in found:
             _ppid, uid = _ppid_uid(pid, proc)
             jobs = [(child, cmdline_of(child, proc)) for child in sorted(parents.get(pid, []))]
