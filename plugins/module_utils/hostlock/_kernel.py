@@ -530,15 +530,11 @@ _DETACHED: set = set()  # descriptions of timed-out waiters still keeping their 
 
 def _leave_later(f: LockFile, ticket: int) -> None:
     """Leave the line once the waiter ahead of `ticket` is through; then close `f` (dropping our ranges)."""
-    import _signal
-    import _thread
-
     f.detached = True
     _DETACHED.add(f)
 
     def leave() -> None:
         try:
-            _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())  # signals go to the caller
             for start in (WAITING0 + ticket - 1, QUEUE0 + ticket - 1):
                 f.lock(start, RD, True)
                 f.unlock(start)
@@ -547,7 +543,7 @@ def _leave_later(f: LockFile, ticket: int) -> None:
                 _DETACHED.discard(f)
                 f.close()
 
-    _thread.start_new_thread(leave, ())
+    _waiting.start_thread(leave)
 
 
 def _close_detached_in_child() -> None:

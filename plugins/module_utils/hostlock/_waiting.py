@@ -54,7 +54,7 @@ class Alarm:
         self.armed = False  # True only around a blocking call that may be ended by Expired
         self.busy = False
         self.target = 0
-        _thread.start_new_thread(self._run, ())
+        start_thread(self._run)
 
     def arm(self, deadline: float) -> None:
         with self.mutex:
@@ -77,8 +77,6 @@ class Alarm:
         return self.fired_gen == self.gen
 
     def _run(self) -> None:
-        # Process-directed signals (SIGTERM for a job a CLI supervises) must reach the main thread.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         while True:
             with self.mutex:
                 deadline = self.deadline
@@ -119,6 +117,8 @@ def alarm(deadline: float) -> Alarm | None:
             return None
         # signal() is also the test for "main thread": it raises ValueError anywhere else.
         _signal.signal(ALARM_SIGNAL, current)
+        if ALARM_SIGNAL in _signal.pthread_sigmask(_signal.SIG_BLOCK, ()):
+            return None  # blocked here: it could never end the wait
         if a is None:
             a = _alarm = Alarm()
             _signal.signal(ALARM_SIGNAL, a.ring)
@@ -126,6 +126,17 @@ def alarm(deadline: float) -> Alarm | None:
         return None
     a.arm(deadline)
     return a
+
+
+def start_thread(fn: Callable[[], object]) -> None:
+    """Start `fn` on a thread that never takes a signal: process-directed ones (SIGTERM for a job a CLI
+    supervises, an application's own) must reach the main thread. It is created with every signal blocked,
+    so none can land on it before it runs either (one did, under load, and the main thread slept on)."""
+    old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+    try:
+        _thread.start_new_thread(fn, ())
+    finally:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
 
 
 def _forget_alarm() -> None:
@@ -163,16 +174,13 @@ class Race:
     def spawn(self, fn: Callable[..., object], *args: object) -> None:
         def run() -> None:
             try:
-                # Process-directed signals (SIGTERM for a job a CLI supervises) must reach the main
-                # thread, never a helper left waiting in the kernel.
-                _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
                 value = fn(*args)
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 self.offer(None, e)
             else:
                 self.offer(value)
 
-        _thread.start_new_thread(run, ())
+        start_thread(run)
 
     def wait(self, deadline: float | None) -> Any:
         """The winning value, TIMED_OUT, or the winner's exception re-raised in the caller."""
