@@ -104,7 +104,7 @@ def proc_uid(pid: int) -> int | None:
     return None
 
 
-def is_alive(pid: int, start: str | None, boot: str | None, host: str | None,
+def is_alive(pid: int | None, start: str | None, boot: str | None, host: str | None,
              pidns: str | None = None) -> bool | None:
     """True/False when proven, None when it cannot be told: callers treat None as alive (fail closed)."""
     if host and HOSTNAME and host != HOSTNAME:
@@ -113,8 +113,8 @@ def is_alive(pid: int, start: str | None, boot: str | None, host: str | None,
         return False  # recorded before the last reboot
     if pidns and pidns != _Self.get().pidns:
         return None  # another PID namespace: this pid number names some other process here, or none
-    if pid <= 0 or pid > 0x7FFFFFFF:
-        return None  # no such pid can exist (kill() takes a C int): a record's number, not a process
+    if pid is None or pid <= 0 or pid > 0x7FFFFFFF:
+        return None  # no pid, or none that can exist (kill() takes a C int): a record's number, not a process
     if _HAS_PROC:
         stat = _read("/proc/%d/stat" % pid)
         if stat is None:
@@ -329,7 +329,7 @@ class Holder:
                     self.job_cmdline = live
 
     def _alive(self) -> bool | None:
-        return is_alive(self.pid, self._start, self.boot_id, self.hostname, self.pid_namespace)  # type: ignore[arg-type]
+        return is_alive(self.pid, self._start, self.boot_id, self.hostname, self.pid_namespace)
 
     def prove(self) -> bool | None:
         """Is the recorded process, now, the holder? True only on the kernel's evidence, re-read each call.
@@ -496,10 +496,10 @@ def _wait_exits(holders: list, fds: list, deadline: float) -> None:
         if left <= 0:
             return
         pending = [h for h in pending if h._alive() is not False]
-        if waiting:
+        if waiting and poller is not None:
             step = left if not pending else min(left, 0.0005 * (2 ** min(attempt, 7)))
-            for fd, _ev in poller.poll(max(1, int(step * 1000))):  # type: ignore[union-attr]
-                poller.unregister(fd)  # type: ignore[union-attr]
+            for fd, _ev in poller.poll(max(1, int(step * 1000))):
+                poller.unregister(fd)
                 waiting.discard(fd)
         elif pending:
             time.sleep(min(left, 0.0005 * (2 ** min(attempt, 7))))

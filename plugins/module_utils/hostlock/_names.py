@@ -74,7 +74,8 @@ def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_D
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return check_duration(text, what, limit=limit)
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str) or not text.strip() or not text.isascii():
+        # float() reads any script's digits ('1\u0663' is 13.0): a duration is written in ASCII, or refused.
         raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
     try:
         value = float(text.strip())

@@ -31,7 +31,9 @@ def test_durations(text, seconds):
     assert hostlock.parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "x", "5x", "-1", "nan", "inf", "1h30", None, True])
+# Other scripts' digits (float() reads '1\u0663' as 13) are refused: a duration is written in ASCII.
+@pytest.mark.parametrize("text", ["", "x", "5x", "-1", "nan", "inf", "1h30", None, True,
+                                  "1\u0663", "\u0665m", "\uff15", "1\u00b2"])
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         hostlock.parse_duration(text)
