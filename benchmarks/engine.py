@@ -39,6 +39,12 @@ OFD_UNLCK = struct.pack(_FLOCK, fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0, 0)
 FOREVER = 3600.0  # pollers' timeouts: never give up during a run
 
 
+def _shown(path: str) -> str:
+    """A path as the docs show it: relative to the checkout (.venv/bin/python), wherever that was."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def now_ns() -> int:
     """CLOCK_MONOTONIC is system-wide, so stamps from different processes compare."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -405,7 +411,7 @@ def machine() -> str:
     except (OSError, StopIteration):
         model = platform.processor() or "unknown CPU"
     return (
-        f"Python {platform.python_version()} ({sys.executable}), Linux {platform.release()}, "
+        f"Python {platform.python_version()} ({_shown(sys.executable)}), Linux {platform.release()}, "
         f"{os.cpu_count()} CPUs ({model}), {time.strftime('%Y-%m-%d')}"
     )
 
@@ -451,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     anchors = run(cfg, args.only, log)
     load_after = load()
     hostlock_mech = hostlock.Lock("probe", directory=tempfile.gettempdir()).mechanism
-    command = "make bench-engine  # = " + shlex.join([sys.executable, "benchmarks/engine.py", *(argv or sys.argv[1:])])
+    run_argv = [_shown(sys.executable), "benchmarks/engine.py", *(argv or sys.argv[1:])]
+    command = "make bench-engine  # = " + shlex.join(run_argv)
     section = "\n".join(
         [
             "## Engine",

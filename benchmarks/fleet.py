@@ -46,6 +46,12 @@ import hostlock  # noqa: E402
 ETCDCTL_ENV = dict(os.environ, ETCDCTL_API="3")
 
 
+def _shown(path: str) -> str:
+    """A path as the docs show it: relative to the checkout (.venv/bin/python), wherever that was."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def now_ns() -> int:
     """CLOCK_MONOTONIC is system-wide: stamps taken in different processes compare."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -524,7 +530,7 @@ def etcd_version() -> str:
 
 
 def machine() -> str:
-    return (f"Python {platform.python_version()} ({sys.executable}), Linux {platform.release()}, "
+    return (f"Python {platform.python_version()} ({_shown(sys.executable)}), Linux {platform.release()}, "
             f"{os.cpu_count()} CPUs, {time.strftime('%Y-%m-%d')}")
 
 
@@ -589,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
                 targets.append(t)
             finally:
                 cluster.stop()
-    run_argv = [sys.executable, "benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])]
+    run_argv = [_shown(sys.executable), "benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])]
     command = "make bench-fleet  # = " + shlex.join(run_argv)
     text = section(targets, cfg, command, (load_before, loadavg()))
     print(text)
