@@ -437,7 +437,6 @@ def write_docs(path: Path, section: str) -> None:
     path.write_text(text)
 
 
-
 # Why contended throughput stays under flock's (a one-off ablation, not re-measured by each run).
 CONTENDED_GAP = (
     "Where the contended gap goes. In contention the time between taking the lock and letting it go bounds "

@@ -24,6 +24,7 @@ the module's JSON. The caller's process (the `locked` module on the host) is the
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import select
@@ -188,6 +189,10 @@ def _share_packages() -> None:
 def _child_main(payload: bytes, out_w: int, err_w: int, parent: int) -> None:  # pragma: no cover - in the child
     """Run the wrapped AnsiballZ payload in this forked child as its interpreter would; never returns."""
     code = 1
+    # The runner's exit handlers (its own AnsibleModule's temporary directory) are not the child's: a
+    # forked child would run them too. The wrapped module's own (AnsibleModule.tmpdir's cleanup under
+    # pipelining, files a module registers) must run, as they would at its interpreter's exit.
+    _clear_exit_handlers()
     try:
         for signum in FORWARDED:
             signal.signal(signum, signal.SIG_DFL)
@@ -214,10 +219,29 @@ def _child_main(payload: bytes, out_w: int, err_w: int, parent: int) -> None:  #
         traceback.print_exc()
     finally:
         try:
+            _run_exit_handlers()
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
             os._exit(code)  # never unwind into the runner's own stack (its AnsiballZ cleanup)
+
+
+def _clear_exit_handlers() -> None:  # pragma: no cover - in the child
+    clear = getattr(atexit, "_clear", None)  # CPython 3.x; without it, no handler is run in the child at all
+    if clear is not None:
+        clear()
+
+
+def _run_exit_handlers() -> None:  # pragma: no cover - in the child
+    """What the interpreter would do at exit: run the handlers the wrapped module registered."""
+    if getattr(atexit, "_clear", None) is None:
+        return  # the runner's handlers could not be dropped: running them here would undo the runner's work
+    run = getattr(atexit, "_run_exitfuncs", None)
+    if run is not None:
+        try:
+            run()  # prints a failing handler's traceback to stderr itself, as at interpreter exit
+        except BaseException:  # noqa: BLE001 - a handler's failure must not change the module's result
+            pass
 
 
 def _fork_payload(payload: bytes) -> subprocess.Popen:

@@ -143,6 +143,23 @@ def _prove_no_overlap(ansible, engine, lock, events, gate, work_pid) -> None:
     _wait_for(lambda: not _live(engine, lock, ansible), "the lock to be free after the work")
 
 
+@pytest.mark.parametrize("pipelining", ["True", "False"])
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_locked_runs_the_wrapped_modules_exit_handlers(ansible, target, pipelining):
+    """The forked child runs what the wrapped module registered with atexit: under pipelining AnsibleModule
+    removes the tmpdir get_url downloads into that way (it was left behind, one per task)."""
+    (ansible.work / "source.txt").write_text("payload\n")
+    remote_tmp = ansible.work / f"remote-tmp-{target}"
+    run = ansible.play("locked_cleanup.yml", extra_vars=dict(target=target), ANSIBLE_PIPELINING=pipelining)
+    assert run.rc == 0, run.out
+    r = {task: hosts[target] for task, hosts in run.results().items()}
+    assert r["Download under the lock"]["changed"] and r["Download under the lock"]["hostlock"]["released"], r
+    assert (ansible.work / f"{target}-downloaded.txt").read_text() == "payload\n"
+    assert (ansible.work / f"{target}-downloaded-plain.txt").read_text() == "payload\n"
+    left = sorted(p.name for p in remote_tmp.glob("*")) if remote_tmp.exists() else []
+    assert left == [], f"temporary directories left behind under {remote_tmp}: {left}"
+
+
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_locked_lock_lives_as_long_as_the_work_when_the_controller_dies(ansible, engine, tmp_path, target, sig):

@@ -6,6 +6,7 @@ stdin, as AnsiballZ is read under pipelining.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -41,6 +42,30 @@ def test_payload_without_json_is_a_module_failure():
     result, _pid = run_payload(b"import sys; sys.stderr.write('boom'); sys.exit(3)")
     assert result["failed"] and result["rc"] == 3 and result["module_stderr"] == "boom", result
     assert parse_result(b"{not json}", b"", 0)["failed"]
+
+
+def test_forked_payload_runs_its_exit_handlers_and_not_the_runners(tmp_path):
+    """A forked payload exits as its interpreter would: what it registered with atexit runs (AnsibleModule
+    removes its tmpdir that way); what the runner registered does not (it is the runner's, run at its exit)."""
+    theirs, ours = tmp_path / "payload-handler", tmp_path / "runner-handler"
+
+    def runner_handler() -> None:
+        ours.write_text("ran")
+
+    atexit.register(runner_handler)
+    try:
+        payload = (
+            "# an AnsiballZ-shaped payload (_ansiballz_main), so the runner forks it\n"
+            "import atexit, json, os, pathlib\n"
+            f"atexit.register(pathlib.Path({str(theirs)!r}).write_text, 'ran')\n"
+            "os.write(1, json.dumps({'ok': True}).encode())\n"  # fd 1: pytest replaces sys.stdout"
+        ).encode()
+        result, pid = run_payload(payload)
+    finally:
+        atexit.unregister(runner_handler)
+    assert result == {"ok": True} and pid != os.getpid(), result
+    assert theirs.read_text() == "ran", "the payload's exit handler did not run"
+    assert not ours.exists(), "the runner's exit handler ran in the forked child"
 
 
 def test_lock_is_held_while_the_payload_runs_and_released_after(lockdir):
