@@ -15,6 +15,23 @@ LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
 MECHANISMS = ["ofd", "flock", "record"]
 
 
+# The signals tests send to the processes they start (hostlock forwards them; ansible-playbook stops on them).
+TEST_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+
+
+def default_signals() -> None:
+    """preexec_fn: in a child about to exec, the signals tests send back to their default dispositions.
+
+    Tests may run where some are ignored and inherited so: `nohup make test` (SIGHUP), a background job of a
+    shell without job control, as CI runners and `make test &` start it (SIGINT, SIGQUIT). A shell started
+    with a signal ignored cannot trap it, and Python leaves an ignored SIGINT ignored (no KeyboardInterrupt):
+    the tests would test that environment, not hostlock or ansible-playbook.
+    """
+    import signal
+
+    for name in TEST_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
 @pytest.fixture
 def lockdir(tmp_path):
     d = tmp_path / "locks"

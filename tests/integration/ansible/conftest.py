@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from engine_helpers import default_signals
 from harness import HERE, VENV_BIN, HarnessError, Sshd, bare_python, build_collection, hostlock_cli
 
 PLAYBOOKS = HERE / "playbooks"
@@ -132,6 +133,7 @@ class Ansible:
             text=True,
             timeout=timeout,
             check=False,
+            preexec_fn=default_signals,  # noqa: PLW1509 - restores what the tests signal (nohup, background jobs)
         )
         return Run(proc, record)
 
@@ -144,6 +146,7 @@ class Ansible:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            preexec_fn=default_signals,  # noqa: PLW1509 - SIGINT/SIGTERM must reach ansible-playbook as at a prompt
         )
 
 

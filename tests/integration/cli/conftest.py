@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine_helpers import default_signals  # noqa: F401 - test_cli_run imports it from here too
 
 ROOT = Path(__file__).resolve().parents[3]
 LIB = ROOT / "lib"
@@ -30,19 +31,6 @@ def make_launcher(directory: Path, python: str = PYTHON) -> Path:
 @pytest.fixture(scope="session")
 def launcher(tmp_path_factory):
     return make_launcher(tmp_path_factory.mktemp("bin"))
-
-
-def default_signals():
-    """In a child about to exec: SIGINT/SIGQUIT back to their defaults.
-
-    A shell that starts a command in the background without job control (CI runners, `make ... &`) makes it
-    ignore SIGINT and SIGQUIT, and a shell started with a signal ignored cannot trap it: the forwarding tests
-    would test the environment, not hostlock.
-    """
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
 
 
 class CLI:
