@@ -322,6 +322,9 @@ import base64
 import re
 
 from ansible.module_utils.basic import AnsibleModule
+
+# First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
+from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     describe_holders,

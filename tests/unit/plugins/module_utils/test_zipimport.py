@@ -1,0 +1,89 @@
+"""Unit tests for plugins/module_utils/_zipimport.py: this collection's module_utils compiled once from a zip.
+
+Each case runs a real interpreter (every CPython 3.8 to 3.13 found here) on a zip laid out as AnsiballZ
+lays out a module's module_utils, counting compile() calls, with and without the finder.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
+
+MU = "ansible_collections/hostlock/core/plugins/module_utils"
+PYTHONS = sorted({p for v in ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
+                  for p in glob.glob(f"/root/.pyenv/versions/{v}.*/bin/python{v}")[:1]}) or ["python3"]
+
+PROBE = r"""
+import builtins, json, sys, zipimport
+sys.path.insert(0, sys.argv[1])
+compiled = {}
+real = builtins.compile
+def counting(source, filename, *args, **kwargs):
+    if "/module_utils/pkg/" in filename:
+        key = filename.rsplit("/", 1)[-1]
+        compiled[key] = compiled.get(key, 0) + 1
+    return real(source, filename, *args, **kwargs)
+builtins.compile = counting
+zipimport.compile = counting  # zipimport (Python code since 3.8) finds compile() in its globals first
+if sys.argv[2] == "finder":
+    from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
+compiled.clear()
+from ansible_collections.hostlock.core.plugins.module_utils.pkg import mod
+from ansible_collections.hostlock.core.plugins.module_utils import pkg
+try:
+    from ansible_collections.hostlock.core.plugins.module_utils.pkg import absent
+    missing = "imported"
+except ImportError as e:
+    missing = type(e).__name__
+print(json.dumps(dict(
+    compiled=compiled, value=mod.VALUE, relative=mod.SIBLING, file=mod.__file__, pkg_file=pkg.__file__,
+    pkg_path=list(pkg.__path__), package=mod.__package__, origin=mod.__spec__.origin,
+    source=mod.__loader__.get_source(mod.__name__).splitlines()[0], missing=missing,
+)))
+"""
+
+
+@pytest.fixture
+def payload_zip(tmp_path: Path) -> str:
+    """A zip with this collection's module_utils layout: the real _zipimport, a package with two modules."""
+    path = tmp_path / "ansible_test_payload.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        for package in ("ansible_collections", "ansible_collections/hostlock", "ansible_collections/hostlock/core",
+                        "ansible_collections/hostlock/core/plugins", MU):
+            z.writestr(f"{package}/__init__.py", "")
+        z.writestr(f"{MU}/_zipimport.py", Path(_zipimport.__file__).read_text())
+        z.writestr(f"{MU}/pkg/__init__.py", "# the package\n")
+        z.writestr(f"{MU}/pkg/mod.py", "# the module\nfrom . import sibling\nVALUE = 42\nSIBLING = sibling.NAME\n")
+        z.writestr(f"{MU}/pkg/sibling.py", "NAME = __name__\n")
+    return str(path)
+
+
+def probe(python: str, zip_path: str, mode: str) -> dict:
+    out = subprocess.run([python, "-I", "-c", PROBE, zip_path, mode], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_each_module_is_compiled_once_with_the_attributes_zipimport_gives(python, payload_zip):
+    plain = probe(python, payload_zip, "plain")
+    once = probe(python, payload_zip, "finder")
+    # CPython compiles a zipped source twice (get_filename() for the spec, then the load); the finder once
+    assert plain["compiled"] == {"__init__.py": 2, "mod.py": 2, "sibling.py": 2}, plain
+    assert once["compiled"] == {"__init__.py": 1, "mod.py": 1, "sibling.py": 1}, once
+    for key in ("value", "relative", "file", "pkg_file", "pkg_path", "package", "origin", "source", "missing"):
+        assert once[key] == plain[key], (key, once[key], plain[key])
+    assert once["value"] == 42 and once["relative"].endswith(".pkg.sibling"), once
+    assert once["missing"] == "ImportError", "a name the zip lacks must fail as it does without the finder"
+
+
+def test_modules_on_disk_are_left_to_the_usual_finders(tmp_path):
+    finder = _zipimport.ZipFinder()
+    assert finder.find_spec(_zipimport.PREFIX + "pkg", [str(tmp_path)]) is None  # a directory, not a zip
+    assert finder.find_spec("json", None) is None  # not this collection's
+    assert finder.find_spec(_zipimport.PREFIX + "pkg", [str(tmp_path / "no.zip" / "x")]) is None  # no such zip
