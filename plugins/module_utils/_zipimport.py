@@ -8,7 +8,7 @@ a module's file name while it builds the module's spec, and zipimporter.get_file
 to answer; loading then compiles it again (CPython 3.8 to 3.13 alike). For lock, lock_info and locked
 that second compilation of the engine is about 17 ms of every task on Python 3.8.
 
-Importing this module (first, before the engine) puts a finder in front of sys.meta_path that, for this
+Importing this module (first, before the engine) puts a finder before the path finder that, for this
 collection's module_utils found in a zip only, builds the spec from the zip's table of contents (no
 compilation) and loads the module with one zipimporter.get_code(): same zip, same code, same module
 attributes, once. Anything else (a module_utils directory on disk, another package, a name the zip does
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import zipimport
-from importlib.machinery import ModuleSpec
+from importlib.machinery import ModuleSpec, PathFinder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,9 +92,15 @@ def _zip_importer(entry: Any) -> zipimport.zipimporter | None:
 
 
 def install() -> None:
-    """Put the finder first in sys.meta_path, once per process."""
-    if not any(isinstance(f, ZipFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, ZipFinder())
+    """Put the finder just before the path finder in sys.meta_path, once per process.
+
+    Not first: finders placed ahead of the path finder (ansible-test's import checker, an embedding
+    application's) still see every import first, as they expect.
+    """
+    if any(isinstance(f, ZipFinder) for f in sys.meta_path):
+        return
+    at = next((i for i, f in enumerate(sys.meta_path) if f is PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(at, ZipFinder())
 
 
 install()

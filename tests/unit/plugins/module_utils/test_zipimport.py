@@ -31,8 +31,10 @@ def counting(source, filename, *args, **kwargs):
     return real(source, filename, *args, **kwargs)
 builtins.compile = counting
 zipimport.compile = counting  # zipimport (Python code since 3.8) finds compile() in its globals first
+first = sys.meta_path[0]
 if sys.argv[2] == "finder":
     from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
+finders = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]
 compiled.clear()
 from ansible_collections.hostlock.core.plugins.module_utils.pkg import mod
 from ansible_collections.hostlock.core.plugins.module_utils import pkg
@@ -45,6 +47,7 @@ print(json.dumps(dict(
     compiled=compiled, value=mod.VALUE, relative=mod.SIBLING, file=mod.__file__, pkg_file=pkg.__file__,
     pkg_path=list(pkg.__path__), package=mod.__package__, origin=mod.__spec__.origin,
     source=mod.__loader__.get_source(mod.__name__).splitlines()[0], missing=missing,
+    first_kept=sys.meta_path[0] is first, finders=finders,
 )))
 """
 
@@ -80,6 +83,8 @@ def test_each_module_is_compiled_once_with_the_attributes_zipimport_gives(python
         assert once[key] == plain[key], (key, once[key], plain[key])
     assert once["value"] == 42 and once["relative"].endswith(".pkg.sibling"), once
     assert once["missing"] == "ImportError", "a name the zip lacks must fail as it does without the finder"
+    # just before the path finder: whatever is first (ansible-test's import checker) still sees every import
+    assert once["first_kept"] and once["finders"].index("ZipFinder") + 1 == once["finders"].index("PathFinder"), once
 
 
 def test_modules_on_disk_are_left_to_the_usual_finders(tmp_path):
