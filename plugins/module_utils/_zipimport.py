@@ -69,7 +69,8 @@ class ZipFinder:
                 continue
             where = importer.archive + "/" + importer.prefix + last
             filename = where + ("/__init__.py" if package else ".py")
-            spec = ModuleSpec(name, ZipLoader(importer, filename), origin=filename, is_package=package)
+            loader: Any = ZipLoader(importer, filename)  # a Loader by protocol (importlib.abc costs an import)
+            spec = ModuleSpec(name, loader, origin=filename, is_package=package)
             spec.has_location = True  # __file__ as zipimport sets it
             if package:
                 spec.submodule_search_locations = [where]
@@ -81,7 +82,7 @@ def _zip_importer(entry: Any) -> zipimport.zipimporter | None:
     """The zipimporter for a path entry inside a zip (as the path finder would make and cache it), else None."""
     if not isinstance(entry, str) or ".zip" not in entry:
         return None
-    importer = sys.path_importer_cache.get(entry)
+    importer: Any = sys.path_importer_cache.get(entry)
     if importer is None:
         try:
             importer = zipimport.zipimporter(entry)
