@@ -32,6 +32,7 @@ def default_signals() -> None:
     for name in TEST_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
 
+
 @pytest.fixture
 def lockdir(tmp_path):
     d = tmp_path / "locks"
