@@ -440,15 +440,22 @@ def write_docs(path: Path, section: str) -> None:
 # Why contended throughput stays under flock's (a one-off ablation, not re-measured by each run).
 CONTENDED_GAP = (
     "Where the contended gap goes. In contention the time between taking the lock and letting it go bounds "
-    "throughput, and there hostlock makes three system calls flock does not: the unlink check after taking "
-    "(fstat: a lock on a file that `hostlock gc` or a person removed excludes nobody), the owner record (pwrite: "
-    "what status, break and the proofs of docs/security.md read) and its blanking before the release (pwrite: "
-    "so that no reader credits the next holder's lock to us). With those three patched out of the engine, the "
-    "same 4 x 2000-cycle contention gave 0.90x flock with fifo=False, against 0.78x with them (2026-11-23, quiet "
-    "machine, medians of 5 interleaved runs; each one alone: 0.80-0.83x). The barge window moves it less: "
-    "0.76x at 2 ms, 0.80x at 10 ms, while the worst wait grows from 10 ms to 33 ms. hostlock keeps the records, "
-    "the check and the 2 ms window. This benchmark's fifo=False row measured 0.73-0.85x flock over 8 runs on that "
-    "quiet machine (median 0.77x): the 0.8x target is missed in most runs, by the cost of those three calls."
+    "throughput, and there hostlock makes two system calls flock does not: the owner record (pwrite: what "
+    "status, break and the proofs of docs/security.md read) and its blanking before the release (pwrite: so "
+    "that no reader credits the next holder's lock to us). With fifo=False a newcomer takes the lock first and "
+    "reads the barge window after (handing the lock back when barging is not allowed), so the releasing process "
+    "usually goes on without a context switch, as with flock; the unlink check (fstat) is made at most every "
+    "10 ms, since gc cannot unlink a file that a Lock has open (the OPEN range). Together these took the "
+    "fifo=False row from 0.66-0.68x to 0.79-0.81x flock (2026-11-24, quiet machine, medians of 5-7 runs; "
+    "6 runs of this benchmark: 0.79, 0.79, 0.79, 0.80, 0.80, 0.81), so the 0.8x target sits at the median and "
+    "is met in about half the runs. The barge window barely moves it now (2 ms: 0.80x, 5 ms: 0.80x, "
+    "7 runs each). What is left is measured by benchmarks/contention_floor.py (5 runs, same day): a bare OFD "
+    "lock that barges and otherwise sleeps in the kernel, with no queue, makes 0.98x flock, 0.92x with "
+    "hostlock's two record writes, against 0.80x for hostlock fifo=False; the last 0.12x is the queue and the "
+    "Python around it (an uncontended cycle: 9.4 us against the bare lock's 5.4 us), which is what bounds "
+    "hostlock's worst wait (0.05-0.09x flock's, where the bare kernel wait leaves it to the scheduler). "
+    "The default fifo=True row (0.61-0.70x) hands the lock to the first waiter at every release, "
+    "which costs a wake-up per cycle: strict arrival order is what it buys (worst wait 0.01-0.04x flock's)."
 )
 
 

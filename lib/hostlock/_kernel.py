@@ -8,6 +8,8 @@ objects exclude each other even inside one process.
 One lock file per name; byte offsets name independent lock ranges, most far beyond the file's data:
   META        guards the ticket counter (held for a few syscalls only)
   MAIN        the exclusive/shared lock itself
+  OPEN        read-locked by every Lock object that has the file open (ofd): `hostlock gc` needs the whole
+              file, so it never unlinks a file someone can still lock (see KernelLocker._open)
   SLOT0+k     semaphore slot k
   REC0+i      claims owner-record index i for a shared holder
   QUEUE0+t    held by the waiter with ticket t until it holds MAIN (an exclusive holder: until it releases):
@@ -47,7 +49,7 @@ HEADER_SIZE = 64
 COUNTER_AT = 64
 RECORD_BASE = 4096
 RECORD_SIZE = 1024
-META, MAIN, SLOT0, REC0, QUEUE0, WAITING0 = 0, 1, 16, 1 << 21, 1 << 32, 1 << 48
+META, MAIN, OPEN, SLOT0, REC0, QUEUE0, WAITING0 = 0, 1, 2, 16, 1 << 21, 1 << 32, 1 << 48
 HEAD_SINCE_AT = 72  # CLOCK_MONOTONIC ns at which the first waiter in line reached the front (fifo=False)
 # fifo=False: a newcomer may take a free lock ahead of the queue while the first waiter has been first for
 # less than this. The releasing process then often goes on without a context switch (flock's throughput),
@@ -88,7 +90,7 @@ _MAIN_UNLOCK = _pack(UN, MAIN)
 class LockFile:
     """One open lock file and its byte ranges, as KernelMechanism uses them; each subclass is one kernel API."""
 
-    __slots__ = ("fd", "path", "ticket", "at_head", "detached")
+    __slots__ = ("fd", "path", "ticket", "at_head", "detached", "guarded", "linked_at")
     fair = False  # ranges can be tested without taking them, so waiters can queue in FIFO order
     unrolled = False  # the hot path may call OFD fcntl directly
 
@@ -98,6 +100,8 @@ class LockFile:
         self.ticket: int | None = None  # our place in line while waiting
         self.at_head = False  # the waiter ahead has reached the lock: we wait on the lock itself
         self.detached = False  # a timed-out waiter left it to a thread that keeps its place: reopen
+        self.guarded = False  # holds OPEN: gc cannot unlink the file while we have it (ofd only)
+        self.linked_at = 0  # CLOCK_MONOTONIC ns when the file was last seen still linked (st_nlink > 0)
 
     def lock(self, start: int, kind: int, wait: bool) -> bool:
         """Take range `start` as RD or WR: True when taken; False on contention when not waiting."""
@@ -258,7 +262,7 @@ class KernelMechanism:
             # The hot path, unrolled: ~3 syscalls. Waiters queue on QUEUE ranges: if any are queued, a
             # newcomer does not barge in ahead of them (unless fifo=False and the first waiter is new).
             fd = f.fd
-            if fcntl.fcntl(fd, F_OFD_GETLK, _Q_PROBE)[:2] != _UNLOCKED and (fifo or not _may_barge(fd)):
+            if fifo and fcntl.fcntl(fd, F_OFD_GETLK, _Q_PROBE)[:2] != _UNLOCKED:
                 return None
             try:
                 fcntl.fcntl(fd, F_OFD_SETLK, _MAIN_LOCK[WR])
@@ -266,6 +270,12 @@ class KernelMechanism:
                 if e.errno in CONTENTION:
                     return None
                 raise
+            if not fifo and not _may_barge(fd) and fcntl.fcntl(fd, F_OFD_GETLK, _Q_PROBE)[:2] != _UNLOCKED:
+                # Barging, we take first and ask after: the lock is free for the fewest instructions
+                # between our release and our next take, as with flock. Not allowed now: hand it back
+                # (the first waiter, asleep on the lock, wakes to take it).
+                fcntl.fcntl(fd, F_OFD_SETLK, _MAIN_UNLOCK)
+                return None
             return Held(f, MAIN, 0, None, None, False)
         if f.fair and f.conflict(QUEUE0, WR, 0) is not None and (fifo or not _may_barge(f.fd)):
             return None
@@ -354,9 +364,9 @@ class KernelMechanism:
                     if race.abandoned:
                         return None
                     f.at_head = True
-            if not fifo:
-                # First in line from now: newcomers may barge in only for BARGE_WINDOW_NS more.
-                os.pwrite(f.fd, time.monotonic_ns().to_bytes(8, "little"), HEAD_SINCE_AT)
+            # First in line from now: fifo=False newcomers may barge in only for BARGE_WINDOW_NS more. Every
+            # waiter says so, fifo or not, or a fifo=False newcomer could overtake a fifo waiter without end.
+            os.pwrite(f.fd, time.monotonic_ns().to_bytes(8, "little"), HEAD_SINCE_AT)
             held = self._take(f, mode, slots, wait=True, owned=owned, alarm=alarm)
             if held is not None and held.start == MAIN and held.rec is None:
                 # An exclusive holder keeps its place in line until it releases: the next waiter then
@@ -570,6 +580,7 @@ def _attempt(call: Callable[..., object], *args: object, wait: bool) -> bool:
 
 
 def _may_barge(fd: int) -> bool:
+    """Whether the first waiter (if any) has been first for less than BARGE_WINDOW_NS (0: none has been)."""
     raw = os.pread(fd, 8, HEAD_SINCE_AT)
     since = int.from_bytes(raw, "little") if len(raw) == 8 else 0
     return not since or time.monotonic_ns() - since < BARGE_WINDOW_NS

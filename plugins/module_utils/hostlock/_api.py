@@ -252,9 +252,10 @@ class Lock:
 
     def _acquire(self, deadline: float | None) -> Held | None:
         # Know our identity before any wait: a woken waiter must not spend its first moments
-        # reading /proc (a fresh process has not computed it yet).
+        # reading /proc (a fresh process has not computed it yet). The record is then built from the
+        # prefix as it is now, without asking the pid again inside the critical section.
         self._refresh_prefix()
-        return self._locker.acquire(self.mode, self.fifo, deadline, self._record_bytes)
+        return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record)
 
     def _refresh_prefix(self) -> None:
         if self._prefix_pid != _Self.get().pid:
@@ -263,6 +264,10 @@ class Lock:
 
     def _record_bytes(self, slot: int | None, ticket: int | None = None) -> bytes:
         self._refresh_prefix()
+        return build_record(self._prefix, slot, ticket)
+
+    def _built_record(self, slot: int | None, ticket: int | None = None) -> bytes:
+        """The record from the prefix _acquire has just refreshed (same process: no fork in between)."""
         return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: Held) -> None:

@@ -5,10 +5,11 @@
 Lock files are never deleted on release: deleting one while a waiter has it open gives two holders (the
 waiter locks the old inode, a newcomer creates a new one; filelock #574, portalocker #115). gc deletes a
 file only while it holds a write lock over the WHOLE file, which conflicts with every holder, waiter and
-queue ticket; a process that opened the file before the unlink and locks it afterwards sees st_nlink == 0
-after acquiring and starts over on the new file (Lock._acquire). So a name is removed only when nobody
-holds it, nobody waits for it, and its file has not been written (every acquisition writes its owner
-record) for `older_than` seconds.
+queue ticket, and with the OPEN range every Lock read-locks while it has the file open; a Lock that
+opened the file just before the unlink sees st_nlink == 0 once it has taken OPEN and opens the name again
+(_lockers.KernelLocker._open). So a name is removed only when nobody holds it, waits for it or has it
+open, and its file has not been written (every acquisition writes its owner record) for `older_than`
+seconds.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def _one(dirfd: int, directory: str, name: str, shared: bool, now: float, older_
         except OSError as e:
             if e.errno not in CONTENTION:
                 raise
-            entry["reason"] = "held or waited for"
+            entry["reason"] = "held, waited for or open"
             return entry
         # Holding the whole file: re-check that the name still is this inode and still idle.
         now_st = os.stat(filename, dir_fd=dirfd, follow_symlinks=False)

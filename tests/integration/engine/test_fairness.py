@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
 from engine_helpers import spawn, wait_line
 
 import hostlock
+from hostlock import _kernel
 
 WAITER = """
     import sys, time, hostlock
@@ -114,3 +117,40 @@ def test_waiting_uses_no_cpu_and_wakes_on_release(lockdir, timed):
     line = wait_line(waiter, "got")
     assert float(line.split()[1]) - released < 1.0
     waiter.wait(5)
+
+
+def test_a_barging_newcomer_cannot_overtake_a_fifo_waiter_for_long(lockdir, tmp_path):
+    """fifo=False may take a free lock ahead of the first waiter only in its first BARGE_WINDOW_NS.
+
+    The window is measured from the time the first waiter wrote when it reached the front; a fifo=True
+    waiter must write it too, or a stream of fifo=False newcomers could overtake it for ever.
+    """
+    out = str(tmp_path / "order")
+    holder = hostlock.Lock("fifo", directory=lockdir).acquire()
+    waiter = spawn(WAITER, lockdir, "w", "exclusive", out)
+    wait_line(waiter, "waiting")
+    _queued(lockdir, 1)
+    path = hostlock.status("fifo", lockdir).path
+    deadline = time.monotonic() + 10
+    while _head_since(path) == 0:  # written once the waiter is first in line, before it sleeps on the lock
+        assert time.monotonic() < deadline, "the first waiter never said when it reached the front"
+        time.sleep(0.01)
+    time.sleep(2 * _kernel.BARGE_WINDOW_NS / 1e9)  # a lower bound: the window has passed, however busy
+    # Stopped, the waiter cannot take the lock when it is freed; it still holds its place in line.
+    os.kill(waiter.pid, signal.SIGSTOP)
+    try:
+        holder.release()
+        newcomer = hostlock.Lock("fifo", fifo=False, directory=lockdir)
+        with pytest.raises(hostlock.LockTimeout):
+            newcomer.acquire(timeout=0)
+    finally:
+        os.kill(waiter.pid, signal.SIGCONT)
+    assert waiter.wait(10) == 0
+    with open(out) as f:
+        assert f.read().split() == ["w"]
+
+
+def _head_since(path):
+    with open(path, "rb") as f:
+        f.seek(_kernel.HEAD_SINCE_AT)
+        return int.from_bytes(f.read(8), "little")

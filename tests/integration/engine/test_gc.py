@@ -62,7 +62,7 @@ def test_held_and_waited_for_locks_are_never_removed(tmp_path):
         time.sleep(0.01)
     _age(os.path.join(d, "busy.lock"), 30 * DAY)
     got = {e["name"]: e for e in hostlock.prune_unused(0, d)}
-    assert got["busy"]["action"] == "kept" and got["busy"]["reason"] == "held or waited for"
+    assert got["busy"]["action"] == "kept" and got["busy"]["reason"] == "held, waited for or open"
     holder.stdin.write("\n")
     holder.stdin.flush()
     holder.wait(30)
@@ -71,22 +71,79 @@ def test_held_and_waited_for_locks_are_never_removed(tmp_path):
     assert os.path.exists(os.path.join(d, "busy.lock"))
 
 
-def test_a_process_that_opened_the_file_before_gc_does_not_become_a_second_holder(tmp_path):
-    """The split-lock bug of filelock #574: gc unlinks while another process has the old inode open."""
+def test_a_lock_object_that_has_the_file_open_keeps_it_from_gc(tmp_path):
+    """The split-lock bug of filelock #574 cannot start: gc never unlinks a file a Lock still has open.
+
+    Each Lock read-locks the OPEN range while it has the file open; gc needs the whole file.
+    """
     d = _ofd_dir(tmp_path)
     early = hostlock.Lock("split", directory=d)
-    early.acquire().release()  # leaves its description of the file open (the inode gc will unlink)
+    early.acquire().release()  # keeps its description of the file open, lock released
     _age(os.path.join(d, "split.lock"), 30 * DAY)
-    assert {e["name"]: e["action"] for e in hostlock.prune_unused(0, d)}["split"] == "removed"
-    early.acquire()  # locks the dead inode first, sees st_nlink == 0, starts over on the current file
+    kept = {e["name"]: e for e in hostlock.prune_unused(0, d)}["split"]
+    assert kept["action"] == "kept" and kept["reason"] == "held, waited for or open", kept
+    early.acquire()
     try:
-        late = subprocess.run([sys.executable, "-c", "import sys, hostlock\n"
-                               "try:\n hostlock.Lock('split', directory=sys.argv[1]).acquire(timeout=0)\n"
-                               " print('ACQUIRED')\nexcept hostlock.LockTimeout:\n print('BUSY')", d],
-                              env=child_env(), capture_output=True, text=True, timeout=30, check=False)
-        assert late.stdout.strip() == "BUSY", late.stdout + late.stderr
+        assert _other_process_gets(d, "split") == "BUSY"  # still the one file: never two holders
     finally:
         early.close()
+    assert {e["name"]: e["action"] for e in hostlock.prune_unused(0, d)}["split"] == "removed"
+
+
+def test_a_file_removed_by_hand_is_left_for_the_current_one(tmp_path):
+    """A person's rm (no lock taken) of an idle file: the next acquisition, 10 ms or more after the last
+    check, sees st_nlink == 0 and starts over on the file now at the name."""
+    from hostlock import _lockers
+
+    d = _ofd_dir(tmp_path)
+    early = hostlock.Lock("byhand", directory=d)
+    early.acquire().release()
+    os.unlink(os.path.join(d, "byhand.lock"))
+    time.sleep(_lockers.RELINK_CHECK_NS / 1e9 * 2)  # a lower bound on elapsed time, not a race
+    early.acquire()
+    try:
+        assert os.path.exists(os.path.join(d, "byhand.lock"))
+        assert _other_process_gets(d, "byhand") == "BUSY"
+    finally:
+        early.close()
+
+
+def _other_process_gets(d: str, name: str) -> str:
+    late = subprocess.run([sys.executable, "-c", "import sys, hostlock\n"
+                           "try:\n hostlock.Lock(sys.argv[2], directory=sys.argv[1]).acquire(timeout=0)\n"
+                           " print('ACQUIRED')\nexcept hostlock.LockTimeout:\n print('BUSY')", d, name],
+                          env=child_env(), capture_output=True, text=True, timeout=30, check=False)
+    return late.stdout.strip() or late.stderr
+
+
+def test_a_foreign_lock_on_the_open_range_neither_hangs_nor_breaks_locking(tmp_path):
+    """Anyone who can open the file can write-lock OPEN: the Lock then goes unguarded, checking st_nlink at
+    each acquisition as flock files do; gc, which needs the whole file, removes nothing meanwhile."""
+    import fcntl
+    import struct
+
+    from hostlock import _kernel
+
+    d = _ofd_dir(tmp_path)
+    hostlock.Lock("squat", directory=d).acquire().close()
+    path = os.path.join(d, "squat.lock")
+    squatter = os.open(path, os.O_RDWR)
+    try:
+        fcntl.fcntl(squatter, _kernel.F_OFD_SETLK, struct.pack("hhqqi", _kernel.WR, 0, _kernel.OPEN, 1, 0))
+        lock = hostlock.Lock("squat", directory=d)
+        lock.acquire(timeout=0)
+        assert lock._locker.file is not None and not lock._locker.file.guarded
+        assert _other_process_gets(d, "squat") == "BUSY"
+        lock.release()
+        os.unlink(path)  # by hand: an unguarded file is checked at every acquisition, however recent the last
+        lock._locker.file.linked_at = time.monotonic_ns() + 10**15  # "just checked", so only that rule applies
+        lock.acquire(timeout=0)
+        try:
+            assert _other_process_gets(d, "squat") == "BUSY"
+        finally:
+            lock.close()
+    finally:
+        os.close(squatter)
 
 
 def test_planted_symlink_and_fifo_are_reported_not_followed(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from engine_helpers import LIB, spawn, wait_line
 
 import hostlock
-from hostlock import _owner
+from hostlock import _lockers, _owner
 
 HAVE_UNSHARE = shutil.which("unshare") is not None and os.geteuid() == 0
 
@@ -126,7 +126,10 @@ def test_deleted_lock_file_does_not_strand_a_waiter(lockdir):
         time.sleep(30)
     """, lockdir)
     wait_line(waiter, "waiting")
-    time.sleep(0.3)
+    while hostlock.status("del", lockdir).waiters == 0:  # it has opened the file and queued on it
+        time.sleep(0.01)
+    # Its acquisition comes at least RELINK_CHECK_NS after it opened the file: it checks st_nlink then.
+    time.sleep(_lockers.RELINK_CHECK_NS / 1e9 * 2)
     os.unlink(os.path.join(lockdir, "del.lock"))
     holder.release()
     wait_line(waiter, "got")
