@@ -15,8 +15,9 @@ A process that left the group, the tree and the tag (e.g. a daemon started with 
 beyond reach: it never held the lock (the lock's descriptors are close-on-exec), and it chose to leave.
 
 The tree is frozen (SIGSTOP) before it is killed, so nothing forks or orphans itself between the looking
-and the killing; SIGKILL also ends stopped processes. Polling /proc here is fine: this runs once, after a
-crash, never on the path of a normal run.
+and the killing; SIGKILL also ends stopped processes, and vfork() parents waiting on a frozen child. The
+killing repeats until a look finds nobody of the job alive, so a child forked as the freeze landed dies
+too. Polling /proc here is fine: this runs once, after a crash, never on the path of a normal run.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def _tagged(pid: int, marker: bytes) -> bool:
     return marker in b"".join(chunks)
 
 
-def _members(job: int, new_group: bool, job_start: int | None, known: set[int], tag: bytes = b"") -> set[int]:
-    """Live processes of the job now: tagged ones, its group, its first process, descendants of any."""
+def _members(job: int, new_group: bool, job_start: int | None, known: set[int], tag: bytes = b"") -> dict[int, int]:
+    """Live processes of the job now, with their start times: tagged ones, its group, its first process,
+    descendants of any."""
     procs = _snapshot()
     roots = set(known)
     if tag:
@@ -111,52 +113,140 @@ def _members(job: int, new_group: bool, job_start: int | None, known: set[int], 
             continue
         found.add(pid)
         stack.extend(children.get(pid, ()))
-    return {pid for pid in found if _alive(procs.get(pid))}
+    return {pid: procs[pid][3] for pid in found if _alive(procs.get(pid))}
 
 
-def _send(pids: set[int], job: int, new_group: bool, sig: int) -> None:
-    if new_group:
+class _Victim:
+    """One process of the job, pinned: a pidfd where the kernel and Python have one (Linux 5.3+, Python
+    3.9+), so a signal can only reach this very process; elsewhere its start time, checked again just
+    before each signal. A process that died and whose pid was reused is never signalled."""
+
+    __slots__ = ("pid", "start", "fd")
+
+    def __init__(self, pid: int, start: int, fd: int | None) -> None:
+        self.pid, self.start, self.fd = pid, start, fd
+
+    @classmethod
+    def pin(cls, pid: int, start: int) -> _Victim | None:
+        """The process `pid` if it is still the one that started at `start`; else None."""
+        fd = None
+        opener = getattr(os, "pidfd_open", None)
+        if opener is not None:
+            try:
+                fd = opener(pid)
+            except OSError:
+                fd = None  # gone (then the check below says so) or no pidfds here
+        if not _same(_stat(pid), start):  # checked after the open: the pidfd is this process's
+            if fd is not None:
+                os.close(fd)
+            return None
+        return cls(pid, start, fd)
+
+    def signal(self, sig: int) -> None:
         try:
-            os.killpg(job, sig)
+            if self.fd is not None and _pidfd_send is not None:
+                _pidfd_send(self.fd, sig)
+            elif _same(_stat(self.pid), self.start):
+                os.kill(self.pid, sig)
         except OSError:
-            pass
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
+            pass  # gone meanwhile
+
+    def state(self) -> tuple[str, int, int, int] | None:
+        """Its /proc state; None once it is gone (or its pid names another process)."""
+        st = _stat(self.pid)
+        return st if _same(st, self.start) else None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
-def _wait(pids: set[int], done: Callable[[tuple[str, int, int, int] | None], bool]) -> None:
-    """Until done(state) holds for every pid (gone counts): short naps, growing to 50 ms."""
+def _same(st: tuple[str, int, int, int] | None, start: int) -> bool:
+    return st is not None and st[3] == start
+
+
+def _pidfd_sender() -> Callable[[int, int], None] | None:
+    try:
+        import signal  # the crash path only: signal imports enum
+
+        return getattr(signal, "pidfd_send_signal", None)
+    except ImportError:  # pragma: no cover
+        return None
+
+
+_pidfd_send = _pidfd_sender()
+
+
+def _settle(victims: list[_Victim], done: Callable[[tuple[str, int, int, int] | None], bool], sig: int) -> None:
+    """Until done(state) holds for every victim (gone counts), sending `sig` again to those not there yet
+    at every look: a SIGCONT undoes a SIGSTOP, and one comes unasked. When hostlock's death orphans the
+    job's process group while a member is stopped, the kernel sends the group SIGHUP and SIGCONT; if our
+    freeze landed first, a job that ignores SIGHUP ran on while we waited for it to stop (the lock held
+    for good: found under load). Resending SIGKILL is harmless. Short naps, growing to 50 ms."""
     nap = 0.001
     while True:
-        left = {pid for pid in pids if not done(_stat(pid))}
-        if not left:
+        victims = [v for v in victims if not done(v.state())]
+        if not victims:
             return
-        pids = left
         time.sleep(nap)
         nap = min(nap * 2, 0.05)
+        for v in victims:
+            v.signal(sig)
 
 
 def _stopped(st: tuple[str, int, int, int] | None) -> bool:
-    return st is None or not _alive(st) or st[0] in ("T", "t")
+    """Frozen as far as forking goes: stopped, gone, or in the kernel (D). A process in D with SIGSTOP
+    pending stops before it runs another instruction of its own, and a vfork() parent whose child we
+    froze before it exec'd stays in D for good (shells vfork every command): waiting for its T hung."""
+    return st is None or not _alive(st) or st[0] in ("T", "t", "D")
+
+
+def _killpg(job: int, sig: int) -> None:
+    try:
+        os.killpg(job, sig)
+    except OSError:
+        pass
 
 
 def kill_job(job: int, new_group: bool, job_stat: bytes, tag: bytes = b"") -> None:
     """Freeze, then SIGKILL, the job's tree; return once none of it runs."""
     parsed = _parse(job_stat) if job_stat else None
     job_start = parsed[3] if parsed else None
-    victims: set[int] = set()
-    while True:  # freeze until a look at the frozen tree finds nobody new (nothing frozen can fork)
-        fresh = _members(job, new_group, job_start, victims, tag) - victims
-        if not fresh:
-            break
-        victims |= fresh
-        _send(fresh, job, new_group, _signal.SIGSTOP)
-        _wait(fresh, _stopped)
-    while victims:
-        _send(victims, job, new_group, _signal.SIGKILL)
-        _wait(victims, lambda st: not _alive(st))
-        # Anyone of the job still running was unseen (cannot happen once frozen; cheap to be sure).
-        victims = _members(job, new_group, None, set(), tag)
+    victims: dict[int, _Victim] = {}
+    try:
+        while True:  # freeze until a look at the frozen tree finds nobody new (nothing frozen can fork)
+            found = _members(job, new_group, job_start, set(victims), tag)
+            fresh = []
+            for pid, start in found.items():
+                if pid not in victims or victims[pid].start != start:
+                    v = _Victim.pin(pid, start)
+                    if v is not None:
+                        if pid in victims:
+                            victims[pid].close()
+                        victims[pid] = v
+                        fresh.append(v)
+            if not fresh:
+                break
+            if new_group:
+                _killpg(job, _signal.SIGSTOP)  # the whole group at once, a fork in progress included
+            for v in fresh:
+                v.signal(_signal.SIGSTOP)
+            _settle(fresh, _stopped, _signal.SIGSTOP)
+        while victims:
+            if new_group:
+                _killpg(job, _signal.SIGKILL)
+            for v in victims.values():
+                v.signal(_signal.SIGKILL)
+            _settle(list(victims.values()), lambda st: not _alive(st), _signal.SIGKILL)
+            for v in victims.values():
+                v.close()
+            # Anyone of the job still running was unseen (a SIGCONT let it fork after the freeze).
+            victims = {}
+            for pid, start in _members(job, new_group, None, set(), tag).items():
+                v = _Victim.pin(pid, start)
+                if v is not None:
+                    victims[pid] = v
+    finally:
+        for v in victims.values():
+            v.close()

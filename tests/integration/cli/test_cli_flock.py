@@ -384,8 +384,8 @@ def test_process_group_decides_whether_grandchildren_die_with_hostlock(mode, lau
     procs.append(p)
     grandchild = int(p.stdout.readline())
     if mode == "new":
-        # hostlock forks its watcher just after the job: SIGKILL before that leaves only PDEATHSIG (the
-        # job's first process). Kill it once both children exist, as a real kill later on would find them.
+        # The job runs only once its watcher knows it (the supervisor's gate), so both exist by now; seen
+        # from here too, so a failure below cannot be a kill that came before the watcher.
         wait_until(lambda: len(_children(p.pid)) == 2, what="hostlock's job and watcher")
     p.kill()
     p.wait(timeout=30)

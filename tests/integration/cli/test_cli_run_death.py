@@ -10,12 +10,13 @@ a process exited).
 """
 
 import os
+import platform
 import pty
 import signal
 import subprocess
 
 import pytest
-from conftest import pid_alive, wait_file, wait_until
+from conftest import PYTHON, pid_alive, wait_file, wait_until
 
 # The job: ignores TERM, HUP and INT, starts a child in its group and a child in a session of its own,
 # publishes the three pids at once (write then rename), then waits for them.
@@ -113,6 +114,88 @@ def test_timeout_kill_after(cli, tmp_path, reap):
     p.send_signal(signal.SIGTERM)  # timeout passes it on, then SIGKILLs after 0.2 s
     assert p.wait(60) in (-signal.SIGKILL, 128 + signal.SIGKILL)  # timeout(1) SIGKILLs its own group too
     assert_observer_found_all_dead(cli, observer, job)
+
+
+# A job caught inside vfork(): its first process waits in the kernel (state D) until its child execs or
+# exits, and the child blocks before either. A shell does this for every command it runs (dash and bash
+# vfork), so a kill can always land there. raw clone(CLONE_VFORK | SIGCHLD) without CLONE_VM: the wait of
+# vfork() with the memory of fork(), which Python survives. Publishes "parent child" once both exist.
+VFORK_JOB = """
+import ctypes, os, sys
+r, w = os.pipe()
+pid = ctypes.CDLL(None, use_errno=True).syscall({nr}, 0x4000 | 17, 0, 0, 0, 0)
+if pid == 0:
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write("%d %d\\n" % (os.getppid(), os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    os.read(r, 1)
+    os._exit(0)
+os._exit(1)
+"""
+CLONE_SYSCALL = {"x86_64": 56, "aarch64": 220}.get(platform.machine())
+
+
+@pytest.mark.skipif(CLONE_SYSCALL is None, reason="clone(2)'s syscall number is known for x86_64 and aarch64")
+def test_sigkill_to_hostlock_while_the_job_waits_in_vfork(cli, tmp_path, reap):
+    """A frozen vfork child leaves its parent in D, never T: the watcher must not wait for that parent to
+    stop (it did, forever, holding the lock: found by a CI run under load), but kill the tree at once."""
+    pids = tmp_path / "pids"
+    p = subprocess.Popen(cli.argv("run", "L", "--", PYTHON, "-c", VFORK_JOB.format(nr=CLONE_SYSCALL), pids),
+                         env=cli.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         text=True)
+    cli.procs.append(p)
+    job = [int(x) for x in wait_file(pids).split()]
+    reap.extend(job)
+    wait_until(lambda: open(f"/proc/{job[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "D", 20,
+               "the job to wait in vfork")
+    assert_busy_while_alive(cli, job)
+    observer = observe(cli, job)
+    p.send_signal(signal.SIGKILL)
+    assert_observer_found_all_dead(cli, observer, job)
+
+
+# Sends the job SIGCONT once, the moment the watcher's freeze shows (the job's setsid child, which nothing
+# else stops, is in T): what the kernel does when hostlock's death orphans the job's group while a member
+# is stopped (SIGHUP, ignored by this job, then SIGCONT). Writes "sent" after the signals.
+RESUMER = """
+import os, sys, time
+out, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
+def state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+deadline = time.monotonic() + 120
+while state(pids[-1]) not in ("T", "gone") and time.monotonic() < deadline:
+    pass
+for pid in pids:
+    try:
+        os.kill(pid, 18)
+    except OSError:
+        pass
+with open(out, "w") as f:
+    f.write("sent\\n")
+"""
+
+
+def test_a_sigcont_after_the_watchers_freeze_does_not_keep_the_job_alive(cli, tmp_path, reap):
+    """A SIGCONT that lands after the watcher's SIGSTOP (the kernel sends one when hostlock's death orphans
+    the job's group): the watcher stops what runs again and kills the tree; it used to wait for a stop
+    that never came, holding the lock for good (found under load, 3 runs in 60)."""
+    p, job = start_job(cli, tmp_path)
+    reap.extend(job)
+    assert_busy_while_alive(cli, job)
+    observer = observe(cli, job)
+    sent = tmp_path / "sent"
+    resumer = subprocess.Popen([PYTHON, "-c", RESUMER, str(sent), *map(str, job)], start_new_session=True)
+    try:
+        p.send_signal(signal.SIGKILL)
+        assert_observer_found_all_dead(cli, observer, job)
+        assert wait_file(sent) == "sent\n"  # the SIGCONT was sent: the freeze was undone once at least
+    finally:
+        resumer.kill()
+        resumer.wait()
 
 
 def start_in_terminal(cli, tmp_path):
