@@ -296,6 +296,7 @@ def table(statuses: list[LockStatus], wide: bool, fleet: bool = False) -> str:
                 fence = getattr(h, "fence", None)
                 rows[-1][3:3] = [h.hostname or "?"]
                 rows[-1][-2:-2] = [str(fence) if fence is not None else "-"]
+    rows = [[c.one_line(cell) for cell in r] for r in rows]  # a label or command line with a newline: one row
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines = []
     for r in rows:
@@ -400,7 +401,7 @@ def cmd_status_path(ns: argparse.Namespace) -> int:
     if not locks:
         out += "no kernel locks\n"
     for lk in locks:
-        out += "  %s\n" % _shorten(_proclocks.describe(lk), 200, ns.wide)
+        out += "  %s\n" % _shorten(c.one_line(_proclocks.describe(lk)), 200, ns.wide)
     c.write_out(out)
     return 0
 
@@ -511,7 +512,7 @@ def cmd_break(ns: argparse.Namespace) -> int:
             out.append("still held by %s (%s)" % (h.describe(), why))
         if st.problem and not remaining:
             out.append("refused: %s%s" % (st.problem, "" if ns.force or not st.corrupt else " (add --force)"))
-        c.write_out("\n".join(out) + "\n")
+        c.write_out("".join(c.one_line(line) + "\n" for line in out))
     if remaining:
         return c.EX_TEMPFAIL
     if st.problem:  # the same codes `run` gives for this path: a corrupt file, or something planted there
@@ -547,7 +548,7 @@ def cmd_break_fleet(ns: argparse.Namespace) -> int:
             why = "its lease is still there after the revoke" if ident(h) in revoked else (
                 "a new holder" if ns.force else "use --force to revoke its lease")
             out.append("still held by %s (%s)" % (_fleet_holder(h), why))
-        c.write_out("\n".join(out) + "\n")
+        c.write_out("".join(c.one_line(line) + "\n" for line in out))
     return c.EX_TEMPFAIL if remaining else 0
 
 

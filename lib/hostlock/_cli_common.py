@@ -42,13 +42,19 @@ class UsageError(Exception):
         self.command = command
 
 
-# Control characters from arguments or file names, escaped: a message stays one line on any terminal.
+# Control characters from arguments, file names or other processes' command lines, escaped.
 _CONTROL = {i: "\\x%02x" % i for i in (*range(32), 127)}
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters escaped (\\x0a): what we print stays one line per line we mean, on
+    any terminal, whatever a command line, label or file name holds."""
+    return text.translate(_CONTROL)
 
 
 def say(message: str) -> None:
     """One diagnostic line on stderr, unbuffered: never mixed into the job's stdout, never lost on fork."""
-    data = ("%s: %s\n" % (PROG, message.translate(_CONTROL))).encode("utf-8", "backslashreplace")
+    data = ("%s: %s\n" % (PROG, one_line(message))).encode("utf-8", "backslashreplace")
     try:
         while data:
             data = data[os.write(2, data):]
@@ -153,12 +159,18 @@ def conflict_text(name: str, exc: BaseException, waited: float | None) -> str:
 
 
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./-_")
+_C_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\", "'": "\\'"}
 
 
 def quote(arg: str) -> str:
-    """Shell-quote one word (what shlex.quote does, without importing re)."""
+    """Shell-quote one word (what shlex.quote does, without importing re), always on one line: a word with a
+    control character (a newline) becomes $'...' with C escapes, as GNU ls shows such names, so a message
+    or a status line stays one line and still pastes back into bash, zsh or ksh."""
     if arg and all(c in _SAFE for c in arg):
         return arg
+    if any(c < " " or c == "\x7f" for c in arg):
+        return "$'" + "".join(_C_ESCAPES.get(c) or ("\\x%02x" % ord(c) if c < " " or c == "\x7f" else c)
+                              for c in arg) + "'"
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 

@@ -11,9 +11,12 @@ from ._supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Callable
+    from typing import Callable, Union
 
     from . import Lock
+    from ._pathlock import PathLock
+
+    RunLock = Union[Lock, PathLock]  # what `run` and `cron` drive: a named (host or fleet) lock, or --path
 
 _SHELL = "/bin/sh"  # -c uses /bin/sh like flock(1), never $SHELL: cron entries must not depend on a login shell
 
@@ -210,7 +213,7 @@ def parse(args: list[str], cron: bool) -> Options:
             # either meaning silently would change what a migrated script or an old cron line does.
             raise c.UsageError("%s is ambiguous: flock(1)'s --timeout waits for the lock (use -w/--wait "
                                "%s); to limit the job's run time use --time-limit %s"
-                               % (opt, (value or "").translate(c._CONTROL), (value or "").translate(c._CONTROL)),
+                               % (opt, c.one_line(value or ""), c.one_line(value or "")),
                                command)
         elif key == "timeout":
             o.timeout = c.duration_arg(value or "", opt)
@@ -300,15 +303,16 @@ def check_fleet(o: Options, command: str) -> None:
                            "--mechanism": o.mechanism != "auto"}, o.fleet_given, o.fleet, command)
 
 
-def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> Lock:
-    """Build the engine's Lock from the options (validates the name: InvalidName -> exit 64).
+def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
+    """Build the lock the options name: a PathLock for --path, else the engine's Lock (validates the name:
+    InvalidName -> exit 64).
 
     `on_lost` (fleet locks): called once, from the engine's keep-alive thread, when the lock is lost.
     """
     if o.path is not None:
         from ._pathlock import PathLock
 
-        return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")  # type: ignore[return-value]
+        return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")
     from . import Lock
 
     if o.name is None:  # the parser sets a name whenever --path is absent
@@ -321,7 +325,7 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> Lock:
                 label=o.label)
 
 
-def job_of(o: Options, lock: Lock, out_fd: int | None = None) -> Job:
+def job_of(o: Options, lock: RunLock, out_fd: int | None = None) -> Job:
     """The supervisor's job spec from the options and the held lock (decides the process group now).
 
     A fleet lock has no descriptor for the watcher to keep: the job gets the lock's fence and fleet in
@@ -336,12 +340,12 @@ def job_of(o: Options, lock: Lock, out_fd: int | None = None) -> Job:
                valid_until=(lambda: lock.valid_until) if fleet else None)  # passed on to the watcher as it moves
 
 
-def where(lock: Lock) -> str:
+def where(lock: RunLock) -> str:
     """Where a lock lives, for messages: its lock directory, or a fleet lock's etcd key prefix."""
     return lock.path if lock.mechanism == "etcd" else lock.directory
 
 
-def recorder(lock: Lock, o: Options) -> Callable[[int], None]:
+def recorder(lock: RunLock, o: Options) -> Callable[[int], None]:
     """The supervisor's on_start: name the job (pid, command line) in the lock's owner record for status."""
 
     def record(pid: int) -> None:
@@ -354,7 +358,7 @@ def recorder(lock: Lock, o: Options) -> Callable[[int], None]:
     return record
 
 
-def lost_text(o: Options, lock: Lock, job: str | None) -> str:
+def lost_text(o: Options, lock: RunLock, job: str | None) -> str:
     """"lost lock 'NAME' in URL: <why>; fence 12; job stopped, exit status 5 after 2s": the engine's reason,
     the fence the job was given, and what became of the job."""
     from . import LockLost

@@ -126,8 +126,8 @@ def lock_with_timeout(fd: int, op: int, timeout: float | None, ofd: bool = False
 
 
 class PathLock:
-    """A flock(1)-compatible lock on a path, with the interface `hostlock run` drives (acquire, release,
-    update_record). Conflicts raise LockTimeout naming the holders found in /proc (`_proclocks`)."""
+    """A flock(1)-compatible lock on a path, with the part of Lock's interface `hostlock run` drives
+    (`_cli_options.RunLock`). Conflicts raise LockTimeout naming the holders found in /proc (`_proclocks`)."""
 
     def __init__(self, path: str, mode: str = "exclusive", ofd: bool = False) -> None:
         self.path = path
@@ -177,6 +177,15 @@ class PathLock:
         """The locked descriptor, for the supervisor's watcher (see Lock.descriptors)."""
         return [self.fd] if self.fd >= 0 else []
 
-    def update_record(self, **_kw: object) -> None:
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None) -> None:
         """No owner record for a path lock: `status --path` reads holders and jobs from /proc."""
+        return None
+
+    # A host lock on a path: no lease to lose, no fence, no deadline (as Lock's host locks answer).
+    fence = None
+    lost = False
+    valid_until = None
+
+    def check(self) -> None:
+        """Never lost: the kernel holds it until the descriptor closes."""
         return None

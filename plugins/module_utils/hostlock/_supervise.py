@@ -126,7 +126,7 @@ def new_group_for(mode: str) -> bool:
     return mode == "new" or (mode == "auto" and not _in_terminal_foreground())
 
 
-def _prctl() -> object:
+def _prctl() -> Callable[..., int] | None:
     """libc's prctl(2) as a callable, or None; made in the parent before fork so the child only calls it.
 
     `_ctypes` directly: `import ctypes` costs ~4 ms more, and importing in the forked child costs more
@@ -156,7 +156,8 @@ def _prctl() -> object:
         return None
 
 
-def _exec_child(job: Job, parent: int, mask: object, prctl: object, gate: int, watched: bool) -> None:
+def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int] | None, gate: int,
+                watched: bool) -> None:
     """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
     argv = job.argv
     out_fd = job.out_fd
@@ -167,7 +168,7 @@ def _exec_child(job: Job, parent: int, mask: object, prctl: object, gate: int, w
         if prctl is not None:
             # With a watcher, freeze rather than die: a stopped job keeps its children attached (a dead one
             # would orphan them to init, out of the watcher's reach), and the watcher kills them all.
-            prctl(_PR_SET_PDEATHSIG, _signal.SIGSTOP if watched else _signal.SIGKILL, 0, 0, 0)  # type: ignore[operator]
+            prctl(_PR_SET_PDEATHSIG, _signal.SIGSTOP if watched else _signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:
             # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
             os._exit(c.EX_OSERR)
@@ -191,7 +192,7 @@ def _exec_child(job: Job, parent: int, mask: object, prctl: object, gate: int, w
         if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
             _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         if job.abort is not None and not _wake_was_blocked:
-            mask = set(mask) - {WAKE}  # type: ignore[call-overload] # blocked by waker() for us, not the job
+            mask = mask - {WAKE}  # blocked by waker() for us, not the job
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
         execvp(argv, job.env)
     except OSError as exc:

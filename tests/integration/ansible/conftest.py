@@ -17,10 +17,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import default_signals
-from harness import HERE, VENV_BIN, HarnessError, Sshd, bare_python, build_collection, hostlock_cli
-
-PLAYBOOKS = HERE / "playbooks"
-__all__ = ["VENV_BIN", "Sshd", "hostlock_cli"]
+from harness import HERE, PLAYBOOKS, VENV_BIN, HarnessError, Sshd, bare_python, build_collection, hostlock_cli
 
 
 @pytest.fixture(scope="session")

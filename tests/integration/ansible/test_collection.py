@@ -7,8 +7,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import PLAYBOOKS, VENV_BIN
-from harness import REPO
+from harness import PLAYBOOKS, REPO, VENV_BIN
 
 PLUGINS = [
     ("module", "hostlock.core.lock"),

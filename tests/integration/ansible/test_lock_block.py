@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import hostlock_cli
+from harness import hostlock_cli
 
 # The next job, through the host's CLI: records when it started and whether the block's work still ran.
 NEXT = (

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import Sshd, hostlock_cli
+from harness import Sshd, hostlock_cli
 
 
 @pytest.mark.parametrize("target", ["loc", "ssh1"])

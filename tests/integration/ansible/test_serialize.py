@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import hostlock_cli
+from harness import hostlock_cli
 
 CALLBACKS = "record,hostlock.core.serialize"
 BUSY = 75

@@ -4,28 +4,12 @@
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from engine_helpers import default_signals  # noqa: F401 - test_cli_run imports it from here too
-
-ROOT = Path(__file__).resolve().parents[3]
-LIB = ROOT / "lib"
-# The real interpreter (.venv/bin/python resolves to it); never the pyenv shim (~100 ms a start).
-PYTHON = os.path.realpath(sys.executable)
-
-
-def make_launcher(directory: Path, python: str = PYTHON) -> Path:
-    """Write a launcher like roles/cli/templates: `#!PYTHON -IS`, append the library dir, call main()."""
-    path = directory / "hostlock"
-    path.write_text(
-        f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
-        "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n"
-    )
-    path.chmod(0o755)
-    return path
+from cli_support import make_launcher
+from engine_helpers import default_signals
 
 
 @pytest.fixture(scope="session")
@@ -102,28 +86,6 @@ def cli(launcher, tmp_path):
     c = CLI(launcher, lockdir, tmp_path)
     yield c
     c.cleanup()
-
-
-def pid_alive(pid: int) -> bool:
-    """True while `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_until(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def wait_file(path: Path, timeout=10.0) -> str:
-    wait_until(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"{path}")
-    return path.read_text()
 
 
 @pytest.fixture

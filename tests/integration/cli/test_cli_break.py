@@ -1,6 +1,7 @@
 """`hostlock break` and `hostlock status` tell the truth (issue 8): forged records, stopped holders,
 planted and corrupt lock paths, exit codes as docs/cli.md documents them."""
 
+import fcntl
 import json
 import os
 import signal
@@ -10,10 +11,12 @@ import time
 
 import engine_helpers
 import pytest
-from conftest import wait_until
+from cli_support import wait_until
 from engine_helpers import LIB, as_member, needs_users, start_victim, victim_signals
 
 import hostlock
+import hostlock._gc
+import hostlock._kernel
 from hostlock import _owner
 
 shared_group = engine_helpers.shared_group  # a fixture
@@ -134,11 +137,10 @@ def test_corrupt_header_exits_65_and_break_force_really_removes_it(cli):
 
 def test_break_force_keeps_a_corrupt_file_that_someone_has_locked(cli):
     path = os.path.join(cli.lockdir, "inuse.lock")
-    assert cli.run("run", "inuse", "true").returncode == 0
-    import fcntl
-
-    import hostlock._gc
-
+    # Made in-process, not with `hostlock run`: run's watcher keeps the file open (and so its OPEN range
+    # read-locked) for a moment after run has exited, and the whole-file lock below would race with it.
+    with hostlock.Lock("inuse", directory=cli.lockdir):
+        pass
     with open(path, "r+b") as f:
         f.write(b"garbage")
         f.flush()

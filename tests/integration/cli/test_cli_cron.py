@@ -3,10 +3,9 @@ max runtime, one syslog line per run, and cron's bare environment."""
 
 import os
 import socket
-import time
 
 import pytest
-from conftest import wait_file, wait_until
+from cli_support import wait_file, wait_until
 
 
 def bare_env(cli):
@@ -41,9 +40,8 @@ def test_a_signal_death_is_a_failure(cli):
 
 
 def test_timeout_is_a_failure_with_124(cli):
-    t0 = time.monotonic()
-    r = cli.run("cron", "--time-limit", "0.3", "-c", "echo started; sleep 30")
-    assert r.returncode == 124 and time.monotonic() - t0 < 5
+    r = cli.run("cron", "--time-limit", "0.3", "-c", "echo started; sleep 300")  # only the limit ends it in time
+    assert r.returncode == 124
     assert r.stdout == "started\n" and "timed out" in r.stderr
 
 

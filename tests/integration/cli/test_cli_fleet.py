@@ -13,7 +13,7 @@ import signal
 import socket
 
 import pytest
-from conftest import pid_alive, wait_file, wait_until
+from cli_support import pid_alive, wait_file, wait_until
 
 HOST = os.uname().nodename
 

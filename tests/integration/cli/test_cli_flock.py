@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import pid_alive, wait_until
+from cli_support import pid_alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 FLOCK = shutil.which("flock")

@@ -7,7 +7,7 @@ import subprocess
 import textwrap
 
 import pytest
-from conftest import LIB, wait_until
+from cli_support import LIB, wait_until
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 PYTHON = "/usr/bin/python3"  # readable and runnable by nobody (the test's own launcher lives in a 0700 dir)

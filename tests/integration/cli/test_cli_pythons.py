@@ -8,7 +8,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import make_launcher, pid_alive, wait_until
+from cli_support import make_launcher, pid_alive, wait_until
 
 VERSIONS = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
 

@@ -16,7 +16,7 @@ import signal
 import subprocess
 
 import pytest
-from conftest import PYTHON, pid_alive, wait_file, wait_until
+from cli_support import PYTHON, pid_alive, wait_file, wait_until
 
 # The job: ignores TERM, HUP and INT, starts a child in its group and a child in a session of its own,
 # publishes the three pids at once (write then rename), then waits for them.

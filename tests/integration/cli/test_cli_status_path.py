@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import wait_until
+from cli_support import wait_until
 
 FLOCK = shutil.which("flock")
 

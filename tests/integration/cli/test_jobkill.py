@@ -11,7 +11,7 @@ import subprocess
 import threading
 
 import pytest
-from conftest import pid_alive, wait_file
+from cli_support import pid_alive, wait_file
 
 from hostlock import _jobkill
 

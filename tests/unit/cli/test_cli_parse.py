@@ -1,6 +1,7 @@
 """In-process unit tests of the command line's pure parts: option parsing, names, messages, exit codes."""
 
 import errno
+import subprocess
 
 import pytest
 
@@ -123,6 +124,20 @@ def test_fnv1a_known_vectors():
 )
 def test_quote(arg, quoted):
     assert c.quote(arg) == quoted
+
+
+@pytest.mark.parametrize("arg", ["a\nb", "tab\there", "it's\r\n", "back\\slash\n", "\x01\x7f9", "\x1bf\n'$HOME'"])
+def test_a_word_with_control_characters_quotes_onto_one_line_and_pastes_back_into_bash(arg):
+    quoted = c.quote(arg)
+    assert quoted.startswith("$'") and "\n" not in quoted and all(" " <= ch != "\x7f" for ch in quoted)
+    echoed = subprocess.run(["bash", "-c", "printf %s " + quoted], capture_output=True, check=True)
+    assert echoed.stdout.decode() == arg  # bytes: text mode would turn \r\n into \n
+
+
+def test_a_shell_command_with_a_stray_newline_is_refused_on_one_line():
+    with pytest.raises(c.UsageError) as e:
+        parse("-c", "0", "NAME", "\n")
+    assert "\n" not in str(e.value) and "$'\\n'" in str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import hostlock_cli
+from harness import hostlock_cli
 
 CONFLICT = 75  # hostlock run's exit status when the lock is busy
 
 
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
 def test_lock_held_across_tasks_keeps_host_jobs_out(ansible, engine, target):
+    before = time.time()
     run = ansible.play("lock_across_tasks.yml", extra_vars=dict(target=target, lock="across"))
     assert run.rc == 0, run.out
     r = {task: hosts[target] for task, hosts in run.results().items()}
@@ -27,7 +28,7 @@ def test_lock_held_across_tasks_keeps_host_jobs_out(ansible, engine, target):
     taken = r["Take the lock"]
     assert taken["changed"] and taken["acquired"] and taken["token"], taken
     assert taken["directory"] == str(ansible.lockdir)
-    assert taken["lease_expires"] > time.time() + 30
+    assert taken["lease_expires"] >= before + 59.999  # its 60 s lease, counted from when the task ran
     assert [h["pid"] for h in taken["holders"]], taken
     # the default label names the play, the task and the controller
     label = taken["holders"][0]["label"]
@@ -73,25 +74,23 @@ def _lease_holder(engine, name: str, directory: str) -> int:
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
 def test_lease_holder_is_detached(ansible, engine, target):
     """The holder left on the host keeps no pipe or socket of the module: the task (and SSH) end at once."""
-    # A play that only takes the lease: it must return long before the lease ends.
+    # A play that only takes the lease: it must return long before the lease ends (a play that waited for
+    # the holder would run into the timeout below, however busy the machine; no elapsed-time bound).
     playbook = ansible.work / "take.yml"
     playbook.write_text(
         "- hosts: '{{ target }}'\n  gather_facts: false\n  tasks:\n"
-        "    - hostlock.core.lock: {name: detached, lease: 30, directory: '{{ lockdir }}'}\n"
+        "    - hostlock.core.lock: {name: detached, lease: 900, directory: '{{ lockdir }}'}\n"
     )
-    started = time.monotonic()
     proc = subprocess.run(
         ansible.command(str(playbook), extra_vars=dict(target=target)),
         cwd=ansible.work,
         env=ansible.env(),
         capture_output=True,
         text=True,
-        timeout=25,
+        timeout=300,
         check=False,
     )
-    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert elapsed < 20, f"the play took {elapsed:.1f}s: something waited for the lease holder"
     pid = _lease_holder(engine, "detached", str(ansible.lockdir))
     fds = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
     lockdir = str(ansible.lockdir)
@@ -107,7 +106,7 @@ def test_lease_holder_is_detached(ansible, engine, target):
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
 def test_module_waits_for_a_host_job_then_names_it(ansible, target):
     job = subprocess.Popen(
-        [*hostlock_cli(), "run", "-d", str(ansible.lockdir), "busy", "sleep", "30"],
+        [*hostlock_cli(), "run", "-d", str(ansible.lockdir), "busy", "sleep", "300"],  # outlives the play
         start_new_session=True,
     )
     try:
@@ -116,7 +115,7 @@ def test_module_waits_for_a_host_job_then_names_it(ansible, target):
         r = {task: hosts[target] for task, hosts in run.results().items()}
         taken = r["Take the lock held by a host job"]
         assert taken["_status"] == "failed" and not taken["acquired"], taken
-        assert 1.9 <= taken["waited"] < 10, taken
+        assert taken["waited"] >= 1.9, taken  # its 2 s timeout; that it gave up is the point
         assert "sleep 30" in taken["msg"], taken["msg"]  # the job, not only the supervisor
         assert str(job.pid) in taken["msg"] or "job pid" in taken["msg"], taken["msg"]
         assert taken["holders"] and taken["holders"][0]["job_cmdline"].startswith("sleep"), taken["holders"]

@@ -1,0 +1,45 @@
+"""Helpers the command-line tests import (conftest.py holds only fixtures: a module named conftest exists in
+several test directories, so importing from it depends on which one was loaded first)."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+LIB = ROOT / "lib"
+# The real interpreter (.venv/bin/python resolves to it); never the pyenv shim (~100 ms a start).
+PYTHON = os.path.realpath(sys.executable)
+
+
+def make_launcher(directory: Path, python: str = PYTHON) -> Path:
+    """Write a launcher like roles/cli/templates: `#!PYTHON -IS`, append the library dir, call main()."""
+    path = directory / "hostlock"
+    path.write_text(
+        f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
+        "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_file(path: Path, timeout=10.0) -> str:
+    wait_until(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"{path}")
+    return path.read_text()
