@@ -18,6 +18,10 @@ The tree is frozen (SIGSTOP) before it is killed, so nothing forks or orphans it
 and the killing; SIGKILL also ends stopped processes, and vfork() parents waiting on a frozen child. The
 killing repeats until a look finds nobody of the job alive, so a child forked as the freeze landed dies
 too. Polling /proc here is fine: this runs once, after a crash, never on the path of a normal run.
+
+A process we may not signal (EPERM: `sudo` or `su` in a job of a user who is not root) can be neither frozen
+nor killed. The freeze goes on without it, the rest is killed (its input ends, so it usually ends too), and
+the kill still waits until it is gone: the lock is never free while any process of the job runs.
 """
 
 from __future__ import annotations
@@ -121,10 +125,11 @@ class _Victim:
     3.9+), so a signal can only reach this very process; elsewhere its start time, checked again just
     before each signal. A process that died and whose pid was reused is never signalled."""
 
-    __slots__ = ("pid", "start", "fd")
+    __slots__ = ("pid", "start", "fd", "denied")
 
     def __init__(self, pid: int, start: int, fd: int | None) -> None:
         self.pid, self.start, self.fd = pid, start, fd
+        self.denied = False  # EPERM: not ours to signal (another uid, e.g. sudo's)
 
     @classmethod
     def pin(cls, pid: int, start: int) -> _Victim | None:
@@ -148,6 +153,8 @@ class _Victim:
                 _pidfd_send(self.fd, sig)
             elif _same(_stat(self.pid), self.start):
                 os.kill(self.pid, sig)
+        except PermissionError:
+            self.denied = True
         except OSError:
             pass  # gone meanwhile
 
@@ -178,15 +185,18 @@ def _pidfd_sender() -> Callable[[int, int], None] | None:
 _pidfd_send = _pidfd_sender()
 
 
-def _settle(victims: list[_Victim], done: Callable[[tuple[str, int, int, int] | None], bool], sig: int) -> None:
+def _settle(victims: list[_Victim], done: Callable[[tuple[str, int, int, int] | None], bool], sig: int,
+            skip_denied: bool = False) -> None:
     """Until done(state) holds for every victim (gone counts), sending `sig` again to those not there yet
     at every look: a SIGCONT undoes a SIGSTOP, and one comes unasked. When hostlock's death orphans the
     job's process group while a member is stopped, the kernel sends the group SIGHUP and SIGCONT; if our
     freeze landed first, a job that ignores SIGHUP ran on while we waited for it to stop (the lock held
-    for good: found under load). Resending SIGKILL is harmless. Short naps, growing to 50 ms."""
+    for good: found under load). Resending SIGKILL is harmless. Short naps, growing to 50 ms.
+    `skip_denied` (the freeze): do not wait for a process we may not signal; it would never stop, and what
+    it waits for (a pipe from a frozen sibling) might never come."""
     nap = 0.001
     while True:
-        victims = [v for v in victims if not done(v.state())]
+        victims = [v for v in victims if not (done(v.state()) or (skip_denied and v.denied))]
         if not victims:
             return
         time.sleep(nap)
@@ -232,7 +242,7 @@ def kill_job(job: int, new_group: bool, job_stat: bytes, tag: bytes = b"") -> No
                 _killpg(job, _signal.SIGSTOP)  # the whole group at once, a fork in progress included
             for v in fresh:
                 v.signal(_signal.SIGSTOP)
-            _settle(fresh, _stopped, _signal.SIGSTOP)
+            _settle(fresh, _stopped, _signal.SIGSTOP, skip_denied=True)
         while victims:
             if new_group:
                 _killpg(job, _signal.SIGKILL)

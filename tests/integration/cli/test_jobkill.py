@@ -1,17 +1,19 @@
 """The watcher's kill (lib/hostlock/_jobkill.py) run in-process against real processes, for the moments an
-end-to-end test cannot place: a SIGCONT landing right after its SIGSTOP, a pid reused under it.
+end-to-end test cannot place: a SIGCONT landing right after its SIGSTOP, a pid reused under it, a process
+the watcher may not signal.
 
 The end-to-end tests (test_cli_run_death.py) kill hostlock and check the lock and the job; these call
 `kill_job` the way a watcher does, with the job's first process, its group and its /proc stat line.
 """
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
 
 import pytest
-from cli_support import pid_alive, wait_file
+from cli_support import LIB, pid_alive, wait_file
 
 from hostlock import _jobkill
 
@@ -90,3 +92,40 @@ def test_a_vfork_parent_counts_as_frozen():
     assert _jobkill._stopped(("D", 1, 1, 1))
     assert _jobkill._stopped(("T", 1, 1, 1)) and _jobkill._stopped(None) and _jobkill._stopped(("Z", 1, 1, 1))
     assert not _jobkill._stopped(("S", 1, 1, 1)) and not _jobkill._stopped(("R", 1, 1, 1))
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by nobody (pyenv's lives under root's 0700 home on some machines)
+WATCHER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from hostlock import _jobkill
+job = int(sys.argv[2])
+with open("/proc/%d/stat" % job, "rb") as f:
+    _jobkill.kill_job(job, True, f.read(), b"")
+print("done")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not os.path.exists(SYSTEM_PYTHON),
+                    reason="needs root, setpriv and %s to run the watcher as another user" % SYSTEM_PYTHON)
+def test_a_process_the_watcher_may_not_signal_does_not_keep_the_rest_of_the_job_alive():
+    """A job of a user who is not root, `producer | sudo tee`: the tee runs as root, so the watcher (the
+    user) may not signal it. The watcher used to wait forever for it to stop while the producer it reads
+    from was frozen (the lock held for good). Now the freeze goes on without it, the producer is killed,
+    the reader sees EOF and ends, and kill_job returns only once it has: never with any of the job alive."""
+    producer = subprocess.Popen([*NOBODY, "sleep", "300"], stdout=subprocess.PIPE,
+                                preexec_fn=lambda: os.setpgid(0, 0))  # the job's own group, led by the user
+    reader = subprocess.Popen(["cat"], stdin=producer.stdout, stdout=subprocess.DEVNULL,
+                              preexec_fn=lambda: os.setpgid(0, producer.pid))  # root's, in the job's group
+    producer.stdout.close()
+    try:
+        watcher = subprocess.run([*NOBODY, SYSTEM_PYTHON, "-B", "-c", WATCHER, str(LIB), str(producer.pid)],
+                                 capture_output=True, text=True, timeout=60, check=False)
+        assert (watcher.returncode, watcher.stdout) == (0, "done\n"), watcher.stderr
+        assert not pid_alive(producer.pid) and not pid_alive(reader.pid)
+        assert reader.wait(10) == 0  # it ended on its own, at EOF: nobody could kill it
+    finally:
+        for p in (producer, reader):
+            p.kill()
+            p.wait()
