@@ -168,9 +168,8 @@ def quote(arg: str) -> str:
     or a status line stays one line and still pastes back into bash, zsh or ksh."""
     if arg and all(c in _SAFE for c in arg):
         return arg
-    if any(c < " " or c == "\x7f" for c in arg):
-        return "$'" + "".join(_C_ESCAPES.get(c) or ("\\x%02x" % ord(c) if c < " " or c == "\x7f" else c)
-                              for c in arg) + "'"
+    if any(ord(c) in _CONTROL for c in arg):
+        return "$'" + "".join(_C_ESCAPES.get(c) or _CONTROL.get(ord(c), c) for c in arg) + "'"
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 

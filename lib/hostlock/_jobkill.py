@@ -203,6 +203,16 @@ def _settle(victims: list[_Victim], done: Callable[[tuple[str, int, int, int] | 
             v.signal(sig)
 
 
+def _pin_all(found: dict[int, int]) -> dict[int, _Victim]:
+    """Pin each (pid: start time) found; one already gone, or whose pid names another process, is left out."""
+    pinned = {}
+    for pid, start in found.items():
+        v = _Victim.pin(pid, start)
+        if v is not None:
+            pinned[pid] = v
+    return pinned
+
+
 def _stopped(st: tuple[str, int, int, int] | None) -> bool:
     """Frozen as far as forking goes: stopped, gone, or in the kernel (D). A process in D with SIGSTOP
     pending stops before it runs another instruction of its own, and a vfork() parent whose child we
@@ -225,22 +235,18 @@ def kill_job(job: int, new_group: bool, job_stat: bytes, tag: bytes = b"") -> No
     try:
         while True:  # freeze until a look at the frozen tree finds nobody new (nothing frozen can fork)
             found = _members(job, new_group, job_start, set(victims), tag)
-            fresh = []
-            for pid, start in found.items():
-                if pid not in victims or victims[pid].start != start:
-                    v = _Victim.pin(pid, start)
-                    if v is not None:
-                        if pid in victims:
-                            victims[pid].close()
-                        victims[pid] = v
-                        fresh.append(v)
+            fresh = _pin_all({pid: start for pid, start in found.items()
+                              if pid not in victims or victims[pid].start != start})
             if not fresh:
                 break
+            for pid in fresh.keys() & victims.keys():  # a pid that now names another process of the job
+                victims[pid].close()
+            victims.update(fresh)
             if new_group:
                 _killpg(job, _signal.SIGSTOP)  # the whole group at once, a fork in progress included
-            for v in fresh:
+            for v in fresh.values():
                 v.signal(_signal.SIGSTOP)
-            _settle(fresh, _stopped, _signal.SIGSTOP, skip_denied=True)
+            _settle(list(fresh.values()), _stopped, _signal.SIGSTOP, skip_denied=True)
         while victims:
             if new_group:
                 _killpg(job, _signal.SIGKILL)
@@ -250,11 +256,8 @@ def kill_job(job: int, new_group: bool, job_stat: bytes, tag: bytes = b"") -> No
             for v in victims.values():
                 v.close()
             # Anyone of the job still running was unseen (a SIGCONT let it fork after the freeze).
-            victims = {}
-            for pid, start in _members(job, new_group, None, set(), tag).items():
-                v = _Victim.pin(pid, start)
-                if v is not None:
-                    victims[pid] = v
+            victims = {}  # all closed: never closed twice should the look below raise
+            victims = _pin_all(_members(job, new_group, None, set(), tag))
     finally:
         for v in victims.values():
             v.close()

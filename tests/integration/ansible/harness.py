@@ -148,6 +148,17 @@ class Sshd:
                 except ProcessLookupError:
                     pass
 
+    def drop_connections(self) -> None:
+        """A network that drops: end the server and the sshd processes serving its sessions, while the
+        commands of those sessions (the module, the work under it) run on. A session that ended on its own
+        meanwhile is not an error."""
+        self.stop(sessions=False)
+        for pid in _session_daemons(self.port):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def inventory_line(self, name: str, python: str) -> str:
         return (
             f"{name} ansible_connection=ssh ansible_host=127.0.0.1 ansible_port={self.port} ansible_user=root "
@@ -205,3 +216,22 @@ def build_collection(work: Path) -> Path:
     if not (root / "plugins" / "module_utils" / "hostlock" / "__init__.py").exists():
         raise HarnessError(f"the installed collection in {root} lacks the engine copy (run make module-utils)")
     return work / "collections"
+
+
+def _session_daemons(port: int) -> list[int]:
+    """The sshd processes serving sessions of the server on `port` (parents of the session commands)."""
+    daemons = set()
+    for pid in _pids_with_env("SSH_CONNECTION", f" {port}"):
+        ppid = pid
+        while ppid > 1:
+            try:
+                with open(f"/proc/{ppid}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+                with open(f"/proc/{ppid}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                break
+            if comm.startswith("sshd"):
+                daemons.add(ppid)
+            ppid = int(fields[1])
+    return sorted(daemons)

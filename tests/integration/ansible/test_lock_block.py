@@ -6,7 +6,6 @@ until the test creates its gate file, and the test waits for event lines, lock r
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -154,10 +153,7 @@ def test_dropped_connection_frees_the_lock_after_the_lease_and_the_work(ansible,
         ansible.inventory.write_text("[ssh]\n" + server.inventory_line("broken", ansible.python) + "\n")
         proc = _start(ansible, "broken", lock, events, gate, lease=4)
         work_pid = _wait_for(lambda: _events(events).get("in", (0,))[0], "the included work to start", proc=proc)
-        server.stop(sessions=False)
-        for pid in _session_daemons(server.port):
-            with contextlib.suppress(ProcessLookupError):  # a session that ended on its own meanwhile
-                os.kill(pid, signal.SIGKILL)
+        server.drop_connections()
         proc.communicate(timeout=120)
         _wait_for(lambda: [h for h in _live(engine, ansible, lock) if "in-flight" in (h.job_cmdline or "")],
                   "the lease to run out and its holder to wait for the in-flight work")
@@ -171,9 +167,3 @@ def test_dropped_connection_frees_the_lock_after_the_lease_and_the_work(ansible,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         server.stop(sessions=True)
-
-
-def _session_daemons(port: int) -> list[int]:
-    from test_locked import _session_daemons as daemons
-
-    return daemons(port)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
 import signal
 import subprocess
@@ -240,10 +239,7 @@ def test_locked_lock_lives_as_long_as_the_work_when_the_connection_breaks(ansibl
         ansible.inventory.write_text("[ssh]\n" + server.inventory_line("broken", ansible.python) + "\n")
         proc = ansible.popen(_work_playbook(ansible, "broken", lock, events, gate))
         work_pid = _wait_for(lambda: _started(events), "the wrapped work to start")
-        server.stop(sessions=False)
-        for pid in _session_daemons(server.port):
-            with contextlib.suppress(ProcessLookupError):  # a session that ended on its own meanwhile
-                os.kill(pid, signal.SIGKILL)
+        server.drop_connections()
         out, _err = proc.communicate(timeout=120)
         assert "UNREACHABLE" in out or "unreachable=1" in out or proc.returncode in (2, 4), out
         _prove_no_overlap(ansible, engine, lock, events, gate, work_pid)
@@ -268,27 +264,6 @@ def _pids_matching(needle: bytes) -> list[int]:
             except OSError:
                 pass
     return found
-
-
-def _session_daemons(port: int) -> list[int]:
-    """The sshd processes serving sessions of the server on `port` (parents of the session commands)."""
-    from harness import _pids_with_env
-
-    daemons = set()
-    for pid in _pids_with_env("SSH_CONNECTION", f" {port}"):
-        ppid = pid
-        while ppid > 1:
-            try:
-                with open(f"/proc/{ppid}/stat") as f:
-                    fields = f.read().rpartition(")")[2].split()
-                with open(f"/proc/{ppid}/comm") as f:
-                    comm = f.read().strip()
-            except OSError:
-                break
-            if comm.startswith("sshd"):
-                daemons.add(ppid)
-            ppid = int(fields[1])
-    return sorted(daemons)
 
 
 def _live(engine, name, ansible):

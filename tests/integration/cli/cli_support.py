@@ -2,6 +2,7 @@
 several test directories, so importing from it depends on which one was loaded first)."""
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,3 +44,12 @@ def wait_until(predicate, timeout=10.0, what="condition"):
 def wait_file(path: Path, timeout=10.0) -> str:
     wait_until(lambda: path.exists() and path.read_text().endswith("\n"), timeout, f"{path}")
     return path.read_text()
+
+
+def kill_quietly(pids) -> None:
+    """SIGKILL each pid, skipping those already gone: teardown of whatever a failed test left running."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass

@@ -16,7 +16,7 @@ import signal
 import subprocess
 
 import pytest
-from cli_support import PYTHON, pid_alive, wait_file, wait_until
+from cli_support import PYTHON, kill_quietly, pid_alive, wait_file, wait_until
 
 # The job: ignores TERM, HUP and INT, starts a child in its group and a child in a session of its own,
 # publishes the three pids at once (write then rename), then waits for them.
@@ -66,11 +66,7 @@ def reap():
     """Kill whatever a failed test leaves running."""
     pids = []
     yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_quietly(pids)
 
 
 def test_sigkill_to_hostlock(cli, tmp_path, reap):

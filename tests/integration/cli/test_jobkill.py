@@ -13,7 +13,7 @@ import subprocess
 import threading
 
 import pytest
-from cli_support import LIB, pid_alive, wait_file
+from cli_support import LIB, kill_quietly, pid_alive, wait_file
 
 from hostlock import _jobkill
 
@@ -32,11 +32,7 @@ def job(tmp_path):
                          start_new_session=True)
     pids = [p.pid, int(wait_file(pidfile))]
     yield pids
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_quietly(pids)
     p.wait()
 
 
