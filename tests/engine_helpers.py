@@ -9,8 +9,35 @@ import textwrap
 
 import pytest
 
-# The library source, for child interpreters started with -I (no site, no PYTHONPATH): they add it themselves.
-LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
+# The checkout's library source (what the in-process tests import, through pytest.ini's pythonpath).
+CHECKOUT_LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
+
+
+def readable_copy(src: str = CHECKOUT_LIB) -> str:
+    """A copy of src/hostlock that every user can read and nobody but root can write; returns its parent.
+
+    Child processes import hostlock from here, whoever they run as: the tests that act as another user
+    (setpriv 65534) could not read a checkout in a private directory (a 0700 home, `mktemp -d`), and a copy
+    for everyone keeps one import path for every child. Made once per test process, removed at its exit.
+    """
+    import atexit
+    import shutil
+    import tempfile
+
+    top = tempfile.mkdtemp(prefix="hostlock-lib-", dir="/tmp")  # /tmp, not $TMPDIR: it may be private too
+    atexit.register(shutil.rmtree, top, True)
+    shutil.copytree(os.path.join(src, "hostlock"), os.path.join(top, "hostlock"),
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for here, _dirs, files in os.walk(top):  # modes set here: a private clone's umask may have made them 0600
+        os.chmod(here, 0o755)
+        for f in files:
+            os.chmod(os.path.join(here, f), 0o644)
+    return top
+
+
+# The library for child interpreters, root's and other users' alike (those started with -I, no site and no
+# PYTHONPATH, add it to sys.path themselves).
+LIB = readable_copy()
 
 MECHANISMS = ["ofd", "flock", "record"]
 

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from engine_helpers import LIB
 
 import hostlock
 from hostlock import _lease
@@ -119,7 +120,7 @@ def test_another_user_with_the_right_token_is_refused_before_a_byte_is_read(vict
     client = ("import sys; sys.path.insert(0, sys.argv[1]); import hostlock\n"
               "try:\n    hostlock.release('victim', sys.argv[2], sys.argv[3])\n"
               "except hostlock.TokenError as e:\n    print(e.reason, e)\n")
-    r = subprocess.run(NOBODY + [PYTHON, "-I", "-c", client, os.path.dirname(os.path.dirname(hostlock.__file__)),
+    r = subprocess.run(NOBODY + [PYTHON, "-I", "-c", client, LIB,
                                  token, lockdir], capture_output=True, text=True, timeout=30, check=False)
     assert r.stdout.startswith("refused ") and "not the lease holder's user" in r.stdout, r
     _still_held_and_owner_in_control(lockdir, token)
@@ -224,7 +225,7 @@ def test_root_may_renew_and_release_another_users_lease(tmp_path):
         os.chown(d, 65534, 65534)
         code = ("import sys; sys.path.insert(0, sys.argv[1]); import hostlock; "
                 "print(hostlock.hold('theirs', lease=600, directory=sys.argv[2]))")
-        r = subprocess.run(NOBODY + [PYTHON, "-I", "-c", code, os.path.dirname(os.path.dirname(hostlock.__file__)),
+        r = subprocess.run(NOBODY + [PYTHON, "-I", "-c", code, LIB,
                                      d], capture_output=True, text=True, timeout=30, check=False)
         assert r.returncode == 0, r
         token = r.stdout.strip()
