@@ -15,7 +15,7 @@ test-engine: venv
 PYENV_ROOT ?= $(shell pyenv root 2>/dev/null || echo $$HOME/.pyenv)
 ENGINE_PYTHONS ?= 3.8 3.9 3.10 3.11 3.12 3.13
 # The 8-process stress runs once, under .venv (test-engine); every other engine test runs on each Python.
-PYTHONS_PYTEST_ARGS ?= -k "not 8_processes and not sigkill_at_random"
+PYTHONS_PYTEST_ARGS ?= -k "not 8_processes and not sigkill_at_random and not private_checkout"
 
 test-pythons:
 	@ran=""; \
