@@ -400,13 +400,30 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
         return LockStatus(name, directory, path, mechanism, 1, [], 0, problem=str(e), corrupt=True)
     finally:
         f.close()
-    # The file every holder must have open; its owner says nothing about them (all lock the same file).
-    file = (st.st_dev, st.st_ino, None)
+    # The lock every holder must hold, as the kernel lists it (its file's owner says nothing about them:
+    # all lock the same file): OFD, a range of this file; flock(), this file or the slot's own file.
     records = [(parse_record(r) if r else None, m, s) for r, m, s in entries]
     holding = {fields.get("q") for fields, _m, _s in records if fields}
-    holders = [_holder(fields, m, s, held_by_kernel=True, file=file) for fields, m, s in records]
+    holders = [_holder(fields, m, s, held_by_kernel=True, file=_held_range(dirfd, name, mechanism, st, s))
+               for fields, m, s in records]
     waiters = len([t for t in tickets if str(t) not in holding])
     return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
+
+
+def _held_range(dirfd: int, name: str, mechanism: str, st: os.stat_result, slot: int | None) -> tuple | None:
+    """(dev, ino, None, offset or None) of the kernel lock a holder of `slot` must hold: what proves it."""
+    from ._kernel import MAIN, SLOT0
+
+    at = MAIN if slot is None else SLOT0 + slot
+    if mechanism == "ofd":
+        return (st.st_dev, st.st_ino, None, at)
+    if slot is None:
+        return (st.st_dev, st.st_ino, None, None)
+    try:  # flock(): each slot is a file of its own (FlockFile)
+        sst = os.stat("%s.lock.%d" % (name, at), dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return None  # cannot be told: unproven
+    return (sst.st_dev, sst.st_ino, None, None)
 
 
 def holders(name: str, directory: str | None = None, *, fleet: str | None = None) -> list:
@@ -509,8 +526,7 @@ def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
     """
     import fcntl
 
-    from ._gc import _WHOLE_FILE
-    from ._kernel import CONTENTION, F_OFD_SETLK
+    from ._kernel import CONTENTION, F_OFD_SETLK, WHOLE_FILE
 
     dirfd = open_directory(directory)[0]
     try:
@@ -519,7 +535,7 @@ def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
         try:
             try:
                 if mechanism == "ofd":
-                    fcntl.fcntl(fd, F_OFD_SETLK, _WHOLE_FILE)
+                    fcntl.fcntl(fd, F_OFD_SETLK, WHOLE_FILE)
                 else:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:

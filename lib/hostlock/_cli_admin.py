@@ -63,6 +63,14 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _lease(text: str) -> float:
+    """A lease's length: a duration > 0 (a lease of 0 would end before it began)."""
+    try:
+        return parse_duration(text, "lease", positive=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _age(text: str) -> float:
     """An age, not a wait: may exceed the longest wait (MAX_DURATION), up to ten years."""
     try:
@@ -116,7 +124,7 @@ def _build(command: str) -> argparse.ArgumentParser:
                     "keeps it until 'hostlock release', the lease's end, or its death. Prints the token "
                     "that renew and release need.")
         p.add_argument("name", metavar="NAME")
-        p.add_argument("--lease", type=_duration, required=True, metavar="DURATION",
+        p.add_argument("--lease", type=_lease, required=True, metavar="DURATION",
                        help="how long the lease lasts unless renewed (e.g. 90, 30s, 10m, 1h30m)")
         g = p.add_mutually_exclusive_group()
         g.add_argument("-x", "-e", "--exclusive", dest="mode", action="store_const", const="exclusive",
@@ -142,7 +150,7 @@ def _build(command: str) -> argparse.ArgumentParser:
         p.add_argument("name", metavar="NAME")
         p.add_argument("token", metavar="TOKEN")
         if command == "renew":
-            p.add_argument("--lease", type=_duration, metavar="DURATION",
+            p.add_argument("--lease", type=_lease, metavar="DURATION",
                            help="new length from now (default: the lease's original length)")
         _add_dir(p)
         _add_fleet(p)

@@ -227,14 +227,12 @@ def duration_arg(value: str, option: str) -> float:
 def count_arg(value: str, option: str) -> int:
     """Parse a slot count: a whole number from 1 to the engine's MAX_SLOTS (a bad value is usage, exit 64)."""
     from ._kernel import MAX_SLOTS  # already imported by the package: a module lookup
+    from ._names import parse_count
 
     try:
-        n = int(value, 10)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_SLOTS:
-        raise UsageError("%s: invalid count %r: use a whole number from 1 to %d" % (option, value, MAX_SLOTS))
-    return n
+        return parse_count(value, "count", MAX_SLOTS)
+    except ValueError as e:
+        raise UsageError("%s: %s" % (option, e)) from None
 
 
 # A getopt(3)-like parser: short options may be clustered (-nx) or take a glued value (-w5), long options

@@ -15,15 +15,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import struct
 import time
 
 from ._directory import open_directory, open_lock_file, read_marker
 from ._error import HostlockError, MechanismError
-from ._kernel import CONTENTION, F_OFD_SETLK, WR
+from ._kernel import CONTENTION, F_OFD_SETLK, WHOLE_FILE
 from ._names import validate_name
-
-_WHOLE_FILE = struct.pack("hhqqi", WR, os.SEEK_SET, 0, 0, 0)  # length 0: from offset 0 to infinity
 
 
 def collect(directory: str, older_than: float, dry_run: bool = False) -> list:
@@ -80,7 +77,7 @@ def _one(dirfd: int, directory: str, name: str, shared: bool, now: float, older_
             entry["reason"] = "used recently"
             return entry
         try:
-            fcntl.fcntl(fd, F_OFD_SETLK, _WHOLE_FILE)
+            fcntl.fcntl(fd, F_OFD_SETLK, WHOLE_FILE)
         except OSError as e:
             if e.errno not in CONTENTION:
                 raise

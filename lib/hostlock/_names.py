@@ -64,23 +64,27 @@ def _limit_text(limit: float) -> str:
     return _LIMIT_TEXT if limit == MAX_DURATION else "%.0f days" % (limit / 86400)
 
 
-def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_DURATION) -> float:
+def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_DURATION,
+                   positive: bool = False) -> float:
     """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w.
 
-    Refuses NaN, infinities, negatives and anything over `limit` (InvalidDuration, a ValueError). The
-    default limit is what every wait can honour; an age (gc's --older-than) is no wait and may be longer.
+    Refuses NaN, infinities, negatives (and 0 if `positive`: a lease) and anything over `limit`
+    (InvalidDuration, a ValueError). The default limit is what every wait can honour; an age (gc's
+    --older-than) is no wait and may be longer.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return check_duration(text, what, limit=limit)
-    if not isinstance(text, str) or not text.strip() or not text.isascii():
-        # float() reads any script's digits ('1\u0663' is 13.0): a duration is written in ASCII, or refused.
+        return check_duration(text, what, limit=limit, positive=positive)
+    if not isinstance(text, str) or not text.strip() or not text.isascii() or "_" in text:
+        # float() reads any script's digits ('1\u0663' is 13.0) and '1_0' as 10: a duration is written in
+        # plain ASCII, as strtod() reads it for flock -w, or refused.
         raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
     try:
         value = float(text.strip())
     except ValueError:
         value = _with_units(text)
-    if math.isnan(value) or value < 0:
-        raise InvalidDuration("invalid %s %r: must be a number of seconds >= 0" % (what, text))
+    if math.isnan(value) or value < 0 or (positive and value == 0):
+        raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
+                              % (what, text, "> 0" if positive else ">= 0"))
     if value > limit:
         raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
     return value
@@ -106,3 +110,14 @@ def _with_units(text: str) -> float:
     if number:
         raise InvalidDuration("invalid duration %r: number %r has no unit" % (text, number))
     return value
+
+
+def parse_count(text: object, what: str, high: int) -> int:
+    """A whole number from 1 to `high`, written in plain ASCII digits: no sign, space, '_' or other script.
+
+    int() reads ' 3', '1_0' (as 10) and '\u0663' (as 3): a count is what a person types, or refused, as a
+    duration is (parse_duration).
+    """
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or not 1 <= int(text) <= high:
+        raise ValueError("invalid %s %r: use a whole number from 1 to %d" % (what, text, high))
+    return int(text)

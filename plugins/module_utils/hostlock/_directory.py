@@ -189,17 +189,24 @@ def open_lock_file(dirfd: int, filename: str, directory: str, shared: bool, *, c
             except FileExistsError:
                 continue  # lost a creation race: open the winner's file
             except OSError as e:
-                raise _file_error("cannot create lock file", path, e) from None
+                raise file_error("cannot create lock file", path, e) from None
             # Explicit mode: the creator's umask must not decide who else may lock (filelock #70).
             os.fchmod(fd, 0o660 if shared else 0o600)
             break
         except OSError as e:
-            raise _file_error("cannot open lock file", path, e) from None
+            raise file_error("cannot open lock file", path, e) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise LockFileError("lock path %s is not a regular file (mode %o): something was planted there; "
                             "remove it after checking who made it" % (path, st.st_mode), path=path)
+    if st.st_nlink > 1:
+        # hostlock never links a lock file: a second name (`ln A.lock Q.lock` by someone who may write it)
+        # would make Q's lock A's, and `break Q` end A's holder.
+        os.close(fd)
+        raise LockFileError("lock path %s has %d links: another name leads to the same file (a hard link "
+                            "someone made); refusing it; remove the extra name after checking who made it"
+                            % (path, st.st_nlink), path=path)
     if _O_NONBLOCK:
         import fcntl
 
@@ -207,7 +214,32 @@ def open_lock_file(dirfd: int, filename: str, directory: str, shared: bool, *, c
     return fd
 
 
-def _file_error(what: str, path: str, e: OSError) -> Exception:
+def must_adopt(dirfd: int, fd: int) -> int | None:
+    """The owner uid of an open lock file or marker this process must replace with its own before trusting it.
+
+    In a directory others can write, a file's owner can remove or replace it whatever its mode (the sticky
+    bit stops everyone else): a lock taken on a member's file splits in two when the member removes it and a
+    newcomer creates the name again. So the directory's owner and root, who can replace any name there,
+    trust only files of their own, the owner's or root's (docs/security.md, "Lock directories"). Other users
+    cannot replace anyone's file: they take files as they find them (what a member can still do is written
+    there too). None: trust it as it is.
+    """
+    me = os.geteuid()
+    dst = os.fstat(dirfd)
+    if not dst.st_mode & 0o022 or me not in (dst.st_uid, 0):
+        return None
+    owner = os.fstat(fd).st_uid
+    return None if owner in (me, dst.st_uid, 0) else owner
+
+
+def foreign_file_error(path: str, owner: int, what: str = "lock file") -> LockFileError:
+    """Refusing another user's file that cannot be replaced safely (flock(): nothing says it is idle)."""
+    return LockFileError("%s %s belongs to uid %d, who could remove it while we hold it (two holders); not "
+                         "locking it: remove it when nothing uses it, then lock again" % (what, path, owner),
+                         path=path)
+
+
+def file_error(what: str, path: str, e: OSError) -> Exception:
     if e.errno == errno.ELOOP:
         return LockFileError("lock path %s is a symlink: refusing to follow it (it may point at a file an "
                              "attacker wants overwritten); remove it" % path, path=path, errno=e.errno)
@@ -231,7 +263,7 @@ def read_marker(dirfd: int, directory: str) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise _file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+        raise file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
     return _read_marker(fd, directory) or None
 
 
@@ -244,6 +276,26 @@ def _read_marker(fd: int, directory: str) -> str:
         return os.read(fd, 64).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
+
+
+def _replace_marker(dirfd: int, directory: str, value: str) -> None:
+    """Write the marker anew as ours, renamed over the old one (atomic: never missing, never half written)."""
+    tmp = "%s.%d.new" % (MARKER, os.getpid())
+    path = os.path.join(directory, MARKER)
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644, dir_fd=dirfd)
+        try:
+            os.fchmod(fd, 0o644)
+            os.write(fd, (value + "\n").encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except OSError as e:
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except OSError:
+            pass
+        raise file_error("cannot replace another user's mechanism marker", path, e) from None
 
 
 def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Callable[[int], str]) -> str:
@@ -276,11 +328,20 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Calla
                     os.close(wfd)
                 os.unlink(tmp, dir_fd=dirfd)
         except OSError as e:
-            raise _file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
+            raise file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
         return directory_mechanism(dirfd, directory, requested, probe)
     except OSError as e:
-        raise _file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+        raise file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+    try:
+        owner = must_adopt(dirfd, fd)
+    except BaseException:
+        os.close(fd)
+        raise
     recorded = _read_marker(fd, directory)
+    if owner is not None and recorded in MECHANISMS:
+        # Another user's marker, which its owner could replace (say with "record" while we hold an OFD
+        # lock: the next process would not see our lock). Ours from now on, with the value it has now.
+        _replace_marker(dirfd, directory, recorded)
     if recorded not in MECHANISMS:
         raise MechanismError("%s names an unknown mechanism %r: remove the file when no locks are held"
                              % (os.path.join(directory, MARKER), recorded), directory=directory)

@@ -58,6 +58,9 @@ HEAD_SINCE_AT = 72  # CLOCK_MONOTONIC ns at which the first waiter in line reach
 # yet no waiter is overtaken for longer than the window (flock's waiters can be, without bound).
 BARGE_WINDOW_NS = 2_000_000
 MAX_SLOTS = 1024
+# Queue tickets live in [QUEUE0, WAITING0): a counter past that was not written by hostlock (a member of a
+# shared directory can write the file) and is read as 0; tickets still in use are skipped as ever.
+TICKETS = WAITING0 - QUEUE0
 # How long the next waiter spins (non-blocking tries, yielding the CPU between them) for the holder to let go
 # before it sleeps: long enough to catch a short critical section, too short to be measurable CPU.
 SPIN_SECONDS = 0.0002
@@ -70,6 +73,9 @@ NO_KERNEL_LOCKS = frozenset((errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno
                              getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)))
 
 _FLOCK = struct.Struct("hhqqi")
+# Every range at once (length 0: to infinity): conflicts with any holder, waiter or open Lock (OPEN).
+# `hostlock gc`, a corrupt file's removal and an adoption take it before they unlink or replace a file.
+WHOLE_FILE = _FLOCK.pack(WR, os.SEEK_SET, 0, 0, 0)
 _packed: dict = {}
 
 
@@ -329,10 +335,9 @@ class KernelMechanism:
         if not _wait(f, META, WR, alarm):
             return None
         try:
-            raw = os.pread(f.fd, 8, COUNTER_AT)
-            ticket = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+            ticket = _counter(f)
             while not f.lock(QUEUE0 + ticket, WR, False):
-                ticket += 1  # a corrupt counter: skip tickets still in use rather than share one
+                ticket = (ticket + 1) % TICKETS  # a corrupt counter: skip tickets in use rather than share one
             f.lock(WAITING0 + ticket, WR, False)
             _pwrite(f.fd, (ticket + 1).to_bytes(8, "little"), COUNTER_AT, f.path)
         finally:
@@ -502,8 +507,7 @@ class KernelMechanism:
                     entries.append((None, "shared", None))
         tickets = []
         if f.fair:
-            raw = os.pread(f.fd, 8, COUNTER_AT)
-            end = QUEUE0 + (int.from_bytes(raw, "little") if len(raw) == 8 else 0)
+            end = QUEUE0 + (_counter(f) or TICKETS)  # a counter read as 0 (wrapped or garbage): look at all
             spans = [(QUEUE0, end)]
             while spans:
                 lo, hi = spans.pop()
@@ -603,6 +607,13 @@ def _spin(f: LockFile, start: int) -> bool:
         os.sched_yield()
 
 
+def _counter(f: LockFile) -> int:
+    """The next queue ticket, as written in the file; 0 when it is not one hostlock could have written."""
+    raw = os.pread(f.fd, 8, COUNTER_AT)
+    ticket = int.from_bytes(raw, "little") if len(raw) == 8 else 0
+    return ticket if ticket < TICKETS else 0
+
+
 def _header_slots(head: bytes, path: str) -> int:
     try:
         value = int(head.split(b"slots=", 1)[1].split(b"\n", 1)[0])
@@ -627,9 +638,9 @@ def _pwrite(fd: int, data: bytes, offset: int, path: str) -> None:
         if os.pwrite(fd, data, offset) != len(data):
             raise OSError(errno.ENOSPC, "short write")
     except OSError as e:
-        from ._directory import _file_error
+        from ._directory import file_error
 
-        raise _file_error("cannot write lock file", path, e) from None
+        raise file_error("cannot write lock file", path, e) from None
 
 
 def probe(fd: int) -> str:

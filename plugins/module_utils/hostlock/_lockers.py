@@ -9,11 +9,13 @@ hold afterwards; timeouts, re-entrancy, threads and fork policy stay in _api.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 
 from . import _kernel
-from ._directory import open_directory, open_lock_file
+from ._directory import file_error, foreign_file_error, must_adopt, open_directory, open_lock_file
+from ._record import backoff_sleep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +54,41 @@ if TYPE_CHECKING:  # pragma: no cover
 
         def close(self) -> None: ...
 
+def _adopt(dirfd: int, filename: str, directory: str, fd: int, shared: bool) -> bool:
+    """Replace another user's idle lock file by a fresh one of ours; False while someone has it open.
+
+    Done as `hostlock gc` removes a file: only while holding an OFD write lock over the whole file, which
+    conflicts with every holder, waiter and open Lock (each read-locks its OPEN range), so nobody is using
+    the old inode; one that opened it just before sees st_nlink 0 once it holds OPEN, and opens the name
+    again. The new file is renamed over the name (atomic: the name never goes missing).
+    """
+    try:
+        fcntl.fcntl(fd, _kernel.F_OFD_SETLK, _kernel.WHOLE_FILE)
+    except OSError as e:
+        if e.errno in _kernel.CONTENTION:
+            return False
+        raise
+    path = os.path.join(directory, filename)
+    st, now = os.fstat(fd), os.stat(filename, dir_fd=dirfd, follow_symlinks=False)
+    if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
+        return True  # replaced meanwhile: look at the name again
+    tmp = ".%s.%d.new" % (filename, os.getpid())
+    try:
+        nfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
+    except OSError as e:
+        raise file_error("cannot replace another user's lock file", path, e) from None
+    try:
+        os.fchmod(nfd, 0o660 if shared else 0o600)
+        os.rename(tmp, filename, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except OSError as e:
+        os.unlink(tmp, dir_fd=dirfd)
+        raise file_error("cannot replace another user's lock file", path, e) from None
+    finally:
+        os.close(nfd)
+    return True
+
+
+
 KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}
 # A guarded file cannot be removed by gc; only a person's rm can unlink it, which no check makes safe (rm
 # while a holder holds splits the lock whatever the holder checks). So an acquisition checks st_nlink only
@@ -71,16 +108,32 @@ class KernelLocker:
         self.path = os.path.join(directory, name + self.suffix)
         self.file: _kernel.LockFile | None = None
 
-    def _open(self) -> _kernel.LockFile:
+    def _open(self, deadline: float | None = None) -> _kernel.LockFile | None:
         """The lock file, opened once; an OFD file is guarded (OPEN read-locked) and seen linked after that.
+
+        Another user's file that must be adopted first (must_adopt) is waited for until nobody uses it;
+        None when the deadline passes meanwhile.
 
         `hostlock gc` unlinks a file only while it write-locks the whole file, so the guard keeps every
         file some Lock has open; a file unlinked just before the guard was taken is seen here and reopened.
         """
+        attempt = 0
         while self.file is None:
             dirfd = open_directory(self.directory)[0]
             try:
                 fd = open_lock_file(dirfd, self.name + self.suffix, self.directory, self.shared_dir)
+                owner = must_adopt(dirfd, fd)
+                if owner is not None:  # another user's file, which its owner could remove under us
+                    try:
+                        if self.mech is not _kernel.OFD:
+                            raise foreign_file_error(self.path, owner)
+                        adopted = _adopt(dirfd, self.name + self.suffix, self.directory, fd, self.shared_dir)
+                    finally:
+                        os.close(fd)
+                    if not adopted and not backoff_sleep(attempt, deadline):
+                        return None  # still in use by others when our time ran out
+                    attempt += 1
+                    continue
             finally:
                 os.close(dirfd)
             try:
@@ -102,7 +155,9 @@ class KernelLocker:
         """Held, with our owner record written, or None once the deadline has passed."""
         mech = self.mech
         while True:
-            f = self._open()
+            f = self._open(deadline)
+            if f is None:
+                return None
             held = mech.try_acquire(f, mode, self.slots, fifo)
             if held is None and (deadline is None or deadline > time.monotonic()):
                 held = mech.acquire(f, mode, self.slots, deadline, fifo)

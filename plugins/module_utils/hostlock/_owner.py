@@ -156,6 +156,53 @@ def holds_open(pid: int, dev: int, ino: int) -> bool | None:
     return False
 
 
+def holds_lock(pid: int, dev: int, ino: int, at: int | None) -> bool | None:
+    """Whether process `pid` holds a kernel lock on the file (dev, ino) covering offset `at` (None: a flock()).
+
+    The kernel's word from /proc/PID/fdinfo, whose `lock:` lines list the locks each open file description
+    holds (a waiter's description shows only its queue ranges, never the lock itself): a record naming a
+    process that merely has the file open, a waiter say, proves nothing. None when unreadable (another
+    user's process without root, hidepid): unproven.
+    """
+    fds = "/proc/%d/fd" % pid
+    try:
+        names = os.listdir(fds)
+    except FileNotFoundError:
+        return False  # gone
+    except OSError:
+        return None
+    unreadable = False
+    for n in names:
+        try:
+            st = os.stat("%s/%s" % (fds, n))  # the open file itself, through the magic link
+        except OSError:
+            continue  # closed meanwhile
+        if st.st_ino != ino or st.st_dev != dev:
+            continue
+        info = _read("/proc/%d/fdinfo/%s" % (pid, n))
+        if info is None:
+            unreadable = True
+            continue
+        if any(_covers(line, at) for line in info.splitlines() if line.startswith("lock:")):
+            return True
+    return None if unreadable else False
+
+
+def _covers(line: str, at: int | None) -> bool:
+    """Does one fdinfo `lock:` line ("lock:\t1: OFDLCK ADVISORY WRITE -1 fe:00:123 1 1") cover `at`?"""
+    words = line.split()
+    if at is None:
+        return "FLOCK" in words
+    if "OFDLCK" not in words or len(words) < 3:
+        return False
+    try:
+        start = int(words[-2])
+        end = words[-1]
+        return start <= at and (end == "EOF" or at <= int(end))
+    except ValueError:
+        return False
+
+
 def _signal_probe(pid: int) -> bool | None:
     """kill(pid, 0) when its start time cannot be read: False if gone, else None (exists, unprovable)."""
     try:
@@ -267,7 +314,8 @@ class Holder:
 
     A record is only text, in a file others in a shared directory may write: `alive` comes from the
     kernel's process table (pid + start time + boot id, in this PID namespace), `verified` from the kernel's
-    open files (the live process has this very lock file open and its real uid is the claimed one), and
+    own tables (the live process holds this very lock, its range as /proc/PID/fdinfo lists it, or for the
+    record mechanism has this very file open; and its real uid is the claimed one), and
     `forged` from the record file's owner (the record mechanism: the kernel sets a file's owner; a record
     claiming another uid was written by someone else). Nothing ever acts on a holder not `verified`.
     """
@@ -279,7 +327,11 @@ class Holder:
 
     def __init__(self, fields: dict | None, mode: str | None = None, slot: int | None = None,
                  file: tuple | None = None) -> None:
-        """`file` is (st_dev, st_ino, owner uid or None) of the lock or record file, from fstat."""
+        """`file` is (st_dev, st_ino, owner uid or None[, lock offset]) of the lock or record file, from fstat.
+
+        The offset names the kernel lock range this holder must hold (None: a flock() on the file); without
+        it (the record mechanism) having the file open is the proof.
+        """
         f = fields or {}
         self.record_ok = fields is not None
         self.pid = _int(f, "pid")
@@ -349,7 +401,11 @@ class Holder:
             return False
         if self._file is None:
             return None
-        opened = holds_open(self.pid, self._file[0], self._file[1])
+        lock_at = self._file[3] if len(self._file) > 3 else False
+        if lock_at is False:  # the record mechanism: no kernel lock to point at, the open file must do
+            opened = holds_open(self.pid, self._file[0], self._file[1])
+        else:  # a kernel mechanism: the process must hold the very range, not just have the file open
+            opened = holds_lock(self.pid, self._file[0], self._file[1], lock_at)
         if opened and self._alive() is not True:
             return False  # exited (and the pid maybe reused) while we looked
         return opened

@@ -24,7 +24,7 @@ import os
 import stat
 import time
 
-from ._directory import _file_error
+from ._directory import file_error
 from ._owner import BOOT_ID, HOSTNAME, Holder, _Self, is_alive, parse_record, record_prefix
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -90,7 +90,7 @@ class RecordMechanism:
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=dirfd)
         except OSError as e:
-            raise _file_error("cannot create owner file", os.path.join(directory, tmp), e) from None
+            raise file_error("cannot create owner file", os.path.join(directory, tmp), e) from None
         try:
             os.fchmod(fd, 0o640 if shared else 0o600)
             if os.write(fd, data) != len(data):
@@ -105,7 +105,7 @@ class RecordMechanism:
             os.close(fd)
             if isinstance(e, FileExistsError):
                 return None
-            raise _file_error("cannot create owner file", os.path.join(directory, target), e) from None
+            raise file_error("cannot create owner file", os.path.join(directory, target), e) from None
         finally:
             try:
                 os.unlink(tmp, dir_fd=dirfd)

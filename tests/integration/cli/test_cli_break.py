@@ -144,7 +144,7 @@ def test_break_force_keeps_a_corrupt_file_that_someone_has_locked(cli):
     with open(path, "r+b") as f:
         f.write(b"garbage")
         f.flush()
-        fcntl.fcntl(f.fileno(), hostlock._kernel.F_OFD_SETLK, hostlock._gc._WHOLE_FILE)  # someone has it locked
+        fcntl.fcntl(f.fileno(), hostlock._kernel.F_OFD_SETLK, hostlock._kernel.WHOLE_FILE)  # someone has it locked
         r = cli.run("break", "inuse", "--force")
         assert r.returncode == 65 and os.path.exists(path), r.stdout + r.stderr
 
