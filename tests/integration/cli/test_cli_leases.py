@@ -151,3 +151,15 @@ def test_renew_past_the_limit_is_a_usage_error_and_keeps_the_lease(cli, lease):
     assert r.returncode == 64 and r.stderr.count("\n") == 1 and "at most" in r.stderr
     (h,) = cli.holders("deploy")
     assert h["lease_expires"] < time.time() + 100
+
+
+@pytest.mark.parametrize("command", ["renew", "hold"])
+@pytest.mark.parametrize("value", ["nan", "0", "inf", "-1"])
+def test_a_lease_that_is_not_positive_says_it_must_be_more_than_zero(cli, lease, command, value):
+    args = ("renew", "deploy", lease) if command == "renew" else ("hold", "other")
+    r = cli.run(*args, "--lease", value)
+    assert r.returncode == 64 and r.stderr.count("\n") == 1, r
+    assert "> 0" in r.stderr or "at most" in r.stderr, r.stderr
+    assert ">= 0" not in r.stderr
+    (h,) = cli.holders("deploy")
+    assert h["lease_expires"] < time.time() + 100  # the lease is as it was

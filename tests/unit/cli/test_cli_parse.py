@@ -184,3 +184,10 @@ def test_outcome_exit_codes():
     assert supervise.Outcome(15, True, 1.0, 1, False).exit_code() == 124
     described = supervise.Outcome(9, True, 61.0, 1, False).describe()
     assert described == "timed out, killed by signal 9 (SIGKILL) after 1m01s"
+
+
+@pytest.mark.parametrize("value", [" 3", "1_0", "\u0663", "+3", "0", "3 "])
+def test_slots_take_plain_ascii_digits_only(value):
+    with pytest.raises(c.UsageError, match="--slots: invalid count"):
+        parse("--slots", value, "name", "true")
+    assert parse("--slots", "3", "name", "true").slots == 3

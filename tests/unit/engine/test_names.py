@@ -1,6 +1,7 @@
 import pytest
 
 import hostlock
+from hostlock import _names
 
 
 @pytest.mark.parametrize("name", ["a", "apt", "backup.daily", "x_1", "user@host", "a+b-c", "A" * 100, "_x"])
@@ -33,7 +34,7 @@ def test_durations(text, seconds):
 
 # Other scripts' digits (float() reads '1\u0663' as 13) are refused: a duration is written in ASCII.
 @pytest.mark.parametrize("text", ["", "x", "5x", "-1", "nan", "inf", "1h30", None, True,
-                                  "1\u0663", "\u0665m", "\uff15", "1\u00b2"])
+                                  "1\u0663", "\u0665m", "\uff15", "1\u00b2", "1_0", "1_0s"])
 def test_bad_durations(text):
     with pytest.raises(ValueError):
         hostlock.parse_duration(text)
@@ -82,3 +83,21 @@ def test_lock_acquire_timeout_is_checked_by_the_same_rule(lockdir, value):
         lock.acquire(timeout=value)
     assert not lock.locked
     lock.acquire(timeout=hostlock.MAX_DURATION).release()
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "0", "0s", "-1", 0, 0.0, float("nan")])
+def test_a_lease_must_be_positive_and_says_so(text):
+    with pytest.raises(hostlock.InvalidDuration, match="> 0|too long"):
+        hostlock.parse_duration(text, "lease", positive=True)
+
+
+@pytest.mark.parametrize("text,n", [("1", 1), ("3", 3), ("1024", 1024), ("007", 7)])
+def test_counts(text, n):
+    assert _names.parse_count(text, "count", 1024) == n
+
+
+# int() reads all of these: a count is plain ASCII digits, or refused (as -w refuses other scripts' digits).
+@pytest.mark.parametrize("text", [" 3", "3 ", "1_0", "\u0663", "+3", "-3", "0", "1025", "", "3.0", "0x3", None, 3])
+def test_bad_counts(text):
+    with pytest.raises(ValueError, match="whole number from 1 to 1024"):
+        _names.parse_count(text, "count", 1024)
