@@ -489,22 +489,23 @@ class KernelMechanism:
             return data if data.strip(b"\0\n") else None
 
         entries: list[tuple[bytes | None, str, int | None]] = []
-        if slots > 1:
-            for k in range(slots):
+        # Both kinds of range are looked at whatever the header says: the header is only text a member of a
+        # shared directory can rewrite, and a holder of the other kind must never be reported as free.
+        if slots > 1 or f.conflict(SLOT0, RD, MAX_SLOTS):
+            for k in range(MAX_SLOTS if slots == 1 else slots):
                 if f.conflict(SLOT0 + k, RD):
                     entries.append((record(1 + k), "exclusive", k))
-        else:
-            main = f.conflict(MAIN, WR)
-            if main and main[0] == WR:
-                entries.append((record(0), "exclusive", None))
-            elif main:
-                found = 0
-                for i in range(1, max(2, len(records) // RECORD_SIZE + 1)):
-                    if f.conflict(REC0 + i, RD):
-                        entries.append((record(i), "shared", None))
-                        found += 1
-                if not found:
-                    entries.append((None, "shared", None))
+        main = f.conflict(MAIN, WR)
+        if main and main[0] == WR:
+            entries.append((record(0), "exclusive", None))
+        elif main:
+            found = 0
+            for i in range(1, max(2, len(records) // RECORD_SIZE + 1)):
+                if f.conflict(REC0 + i, RD):
+                    entries.append((record(i), "shared", None))
+                    found += 1
+            if not found:
+                entries.append((None, "shared", None))
         tickets = []
         if f.fair:
             end = QUEUE0 + (_counter(f) or TICKETS)  # a counter read as 0 (wrapped or garbage): look at all

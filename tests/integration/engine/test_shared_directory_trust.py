@@ -208,3 +208,19 @@ def test_garbage_in_the_ticket_counter_fails_no_listing_and_no_waiter(shared_gro
         _end(holder)
     out, err = waiter.communicate(timeout=60)
     assert waiter.returncode == 0 and out.strip() == "got", err
+
+
+@needs_users
+def test_a_rewritten_slot_count_admits_no_second_holder(shared_group):
+    shared, gid = shared_group
+    holder = _root_holder(shared, "S")
+    try:
+        r = as_member(gid, [SYSTEM_PYTHON, "-c", "import os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+                            "os.pwrite(fd, b'HOSTLOCK 1 slots=3\\n'.ljust(64, b'\\0'), 0)",
+                            os.path.join(shared, "S.lock")])
+        assert r.returncode == 0, r.stderr
+        with pytest.raises(ValueError, match="3-slot semaphore"):
+            hostlock.Lock("S", directory=shared).acquire(timeout=0)
+        assert hostlock.status("S", shared).state == "held"
+    finally:
+        _end(holder)
