@@ -1,8 +1,13 @@
 """A small etcd v3 client over its documented JSON gateway (/v3/...), standard library only.
 
-The CLI runs on hosts that have only Python 3.8+, so no gRPC and no third-party client: unary calls go through
-http.client (one kept-alive connection per member and caller), watches through a raw socket that reads the
-chunked stream of newline-delimited JSON ourselves, so that every read has a deadline.
+The CLI runs on hosts that have only Python 3.8+, so no gRPC and no third-party client: unary calls and
+watches go over plain sockets with the little HTTP/1.1 they need (`_Conn`: one kept-alive connection per
+member and caller; `Watch`: the chunked stream of newline-delimited JSON), so that every read has a deadline
+and the command line never imports http.client (and with it the `email` package).
+
+Mistakes in the URL fail at once with FleetConfigError naming the file or the scheme: a TLS file missing,
+unreadable or not PEM; etcd:// to a TLS member or etcds:// to a plain one (found by asking the member once
+in the other protocol when it ends a fresh connection without a word).
 
 Every call carries the caller's deadline (time.monotonic()): a member that does not answer is given up at the
 deadline, never later. A member that refuses (connection refused or reset, HTTP 503 "no leader", a read that
@@ -15,14 +20,13 @@ timeout is only part of what is left.)
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import select
 import socket
 import threading
 import time
 
-from ._error import FleetUnavailable, HostlockError
+from ._error import FleetConfigError, FleetUnavailable, HostlockError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,37 +99,106 @@ class Client:
         self.endpoints = list(url.endpoints)
         self._ssl: ssl.SSLContext | None = None
         self._mutex = threading.Lock()
-        self._idle: list = []  # (member index, HTTPConnection) ready for reuse
+        self._idle: list = []  # (member index, _Conn) ready for reuse
         self._next = 0  # the member that answered last: asked first
         self._token: str | None = None
         self._token_for: str | None = None  # the token the last auth failure was seen with
 
     # -- connections --------------------------------------------------------------------------------------
     def _context(self) -> ssl.SSLContext:
+        """The TLS context of etcds://, its files checked first: a file missing, unreadable or not PEM is a
+        configuration mistake (FleetConfigError naming the file), never retried as if the member were down."""
         if self._ssl is None:
             import ssl
 
-            ctx = ssl.create_default_context(cafile=self.url.cacert)
-            if self.url.cert:
-                ctx.load_cert_chain(self.url.cert, self.url.key)
+            url = self.url
+            for what, path in (("cacert", url.cacert), ("cert", url.cert), ("key", url.key)):
+                if path is not None:
+                    _readable(what, path)
+            try:
+                ctx = ssl.create_default_context(cafile=url.cacert)
+            except (ssl.SSLError, ValueError) as e:
+                raise FleetConfigError("fleet TLS: cacert file %s holds no usable CA certificate (%s)"
+                                       % (url.cacert, _ssl_reason(e))) from None
+            if url.cert:
+                try:
+                    ctx.load_cert_chain(url.cert, url.key)
+                except (ssl.SSLError, ValueError) as e:
+                    raise FleetConfigError("fleet TLS: cert file %s and key file %s are not a certificate and "
+                                           "its private key in PEM (%s)" % (url.cert, url.key, _ssl_reason(e))
+                                           ) from None
             self._ssl = ctx
         return self._ssl
 
-    def _connection(self, i: int, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    def _open(self, i: int, timeout: float) -> socket.socket:
+        """A new connection to member i (TLS for etcds://), blocking with `timeout` per operation.
+
+        A member that ends the connection before saying anything is asked once in the other protocol: a TLS
+        member reached with etcd:// (it closes on plain HTTP) or a plain one reached with etcds:// (it resets
+        on a TLS hello) is a mistake in the URL (FleetConfigError), not a member that is down."""
+        host, port = self.endpoints[i]
+        sock = socket.create_connection((host.encode("ascii"), port), timeout=timeout)  # bytes: no idna codec to import
+        try:
+            # Requests are one small write each; without this, Nagle would hold a pipelined one back.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.url.tls:
+                ctx = self._context()
+                try:
+                    return ctx.wrap_socket(sock, server_hostname=host)
+                except (ConnectionResetError, BrokenPipeError) as e:
+                    self._diagnose(i, e, timeout)
+                    raise
+                except OSError as e:
+                    if type(e).__name__ in ("SSLEOFError", "SSLZeroReturnError") or _ssl_reason(e) in (
+                            "WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "HTTP_REQUEST"):
+                        self._diagnose(i, e, timeout)
+                    raise
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    def _diagnose(self, i: int, e: BaseException, timeout: float) -> None:
+        """Member i ended a fresh connection before answering: FleetConfigError when it speaks the other
+        protocol (asked once, within `timeout`); returns when it does not (then `e` is what it is)."""
+        host, port = self.endpoints[i]
+        member = _member(self.endpoints[i])
+        try:
+            with socket.create_connection((host.encode("ascii"), port), timeout=min(timeout, ATTEMPT)) as probe:
+                if self.url.tls:
+                    probe.sendall(b"GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                                  % member.encode("ascii"))
+                    answer = probe.recv(5)
+                    if answer.startswith(b"HTTP/"):
+                        raise FleetConfigError("fleet %s: member %s speaks plain HTTP, not TLS: use etcd://, "
+                                               "not etcds://" % (self.url.members, member)) from None
+                    return
+                import ssl
+
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE  # only asks "is this TLS?": nothing is sent over it
+                try:
+                    ctx.wrap_socket(probe, server_hostname=host).close()
+                except ssl.SSLError as tls:
+                    if isinstance(tls, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) or \
+                            _ssl_reason(tls) == "WRONG_VERSION_NUMBER":
+                        return
+                raise FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), "
+                                       "not etcd://" % (self.url.members, member)) from None
+        except OSError:
+            return
+
+    def _conn(self, i: int, timeout: float) -> tuple[_Conn, bool]:
+        """A kept-alive connection to member i if one is idle, else a new one; (connection, reused)."""
         with self._mutex:
             for k, (j, conn) in enumerate(self._idle):
                 if j == i:
                     del self._idle[k]
-                    if conn.sock is not None:
-                        conn.sock.settimeout(timeout)
-                    conn.timeout = timeout
                     return conn, True
-        host, port = self.endpoints[i]
-        if self.url.tls:
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context()), False
-        return http.client.HTTPConnection(host, port, timeout=timeout), False
+        return _Conn(self._open(i, timeout)), False
 
-    def _keep(self, i: int, conn: http.client.HTTPConnection) -> None:
+    def _keep(self, i: int, conn: _Conn) -> None:
         with self._mutex:
             if len(self._idle) < 8:
                 self._idle.append((i, conn))
@@ -144,33 +217,37 @@ class Client:
         self._mutex = threading.Lock()
 
     # -- unary calls --------------------------------------------------------------------------------------
-    def _headers(self) -> dict:
-        h = {"Content-Type": "application/json"}
+    def _head(self, i: int, path: str, length: int) -> bytes:
+        host, port = self.endpoints[i]
+        head = "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+            path, _member((host, port)), length)
         if self._token:
-            h["Authorization"] = self._token
-        return h
+            head += "Authorization: %s\r\n" % self._token
+        return (head + "\r\n").encode("latin-1")
 
     def _post(self, i: int, path: str, payload: bytes, timeout: float) -> tuple[int, dict]:
-        """One request to member i: (HTTP status, JSON body). OSError/HTTPException when it fails."""
-        conn, reused = self._connection(i, timeout)
+        """One request to member i: (HTTP status, JSON body). OSError when it fails."""
+        conn, reused = self._conn(i, timeout)
         try:
             try:
-                conn.request("POST", path, payload, self._headers())
-                resp = conn.getresponse()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                if not reused:
-                    raise
-                # A kept-alive connection the member closed while idle: the request never reached it.
+                status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+            except (_Silent, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()
-                conn, reused = self._connection_fresh(i, timeout)
-                conn.request("POST", path, payload, self._headers())
-                resp = conn.getresponse()
-            data = resp.read()
-            status = resp.status
+                if reused:
+                    # A kept-alive connection the member closed while idle: the request never reached it.
+                    conn, reused = _Conn(self._open(i, timeout)), False
+                    try:
+                        status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+                    except (_Silent, ConnectionResetError) as again:
+                        self._diagnose(i, again, timeout)
+                        raise
+                else:
+                    self._diagnose(i, e, timeout)
+                    raise
         except BaseException:
             conn.close()
             raise
-        if resp.will_close:
+        if close:
             conn.close()
         else:
             self._keep(i, conn)
@@ -179,12 +256,6 @@ class Client:
         except ValueError:
             body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status == 503 else 2}
         return status, body if isinstance(body, dict) else {}
-
-    def _connection_fresh(self, i: int, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-        host, port = self.endpoints[i]
-        if self.url.tls:
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context()), False
-        return http.client.HTTPConnection(host, port, timeout=timeout), False
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
              sent: list | None = None) -> dict:
@@ -230,7 +301,7 @@ class Client:
                 except _Retry as e:
                     transient += 1
                     last = "%s: %s" % (_member(self.endpoints[i]), e)
-                except (OSError, http.client.HTTPException) as e:
+                except OSError as e:
                     transient += not _permanent(e)
                     last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
             left = deadline - monotonic()
@@ -245,7 +316,9 @@ class Client:
     def _authenticate(self, i: int, deadline: float) -> None:
         password = self.url.password
         if password is None:
-            raise self._unavailable("user %r needs a password: set $HOSTLOCK_FLEET_PASSWORD" % self.url.user)
+            raise FleetConfigError("fleet %s: user %r needs a password: give --fleet-password-file FILE, or set "
+                                   "$HOSTLOCK_FLEET_PASSWORD_FILE or $HOSTLOCK_FLEET_PASSWORD"
+                                   % (self.url.members, self.url.user))
         payload = json.dumps({"name": self.url.user, "password": password}).encode("utf-8")
         status, reply = self._post(i, "/v3/auth/authenticate", payload,
                                    max(0.001, min(deadline - monotonic(), ATTEMPT)))
@@ -302,6 +375,106 @@ class Client:
             delay = min(delay * 2, 0.5)
 
 
+class _Silent(ConnectionError):
+    """The member closed a connection before any byte of an answer."""
+
+
+class _Conn:
+    """One HTTP/1.1 connection to a member, kept alive between requests.
+
+    Just what the gateway needs (a POST with Content-Length; an answer with Content-Length, chunked, or up
+    to the close) over the socket: http.client would cost the CLI its `email` package at every start."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _more(self, end: float, started: bool) -> bool:
+        """Read more into buf; False at the end of the stream. socket.timeout when `end` passed."""
+        left = end - monotonic()
+        if left <= 0:
+            raise socket.timeout("timed out")
+        self.sock.settimeout(left)
+        data = self.sock.recv(65536)
+        if not data:
+            if not started:
+                raise _Silent("connection closed without an answer")
+            return False
+        self.buf += data
+        return True
+
+    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
+        """Send one request, read its answer: (status, body, whether the connection must be closed)."""
+        end = monotonic() + timeout
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+        self.buf = b""
+        while True:
+            while b"\r\n\r\n" not in self.buf:
+                if not self._more(end, bool(self.buf)):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            status_line = lines[0].split(None, 2)
+            if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
+                raise ConnectionResetError("not an HTTP answer: %r" % lines[0][:60])
+            status = int(status_line[1])
+            if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+                continue
+            break
+        fields = {}
+        for line in lines[1:]:
+            k, _colon, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        close = status_line[0] == "HTTP/1.0" or fields.get("connection", "").lower() == "close"
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            return status, self._chunked(end), close
+        if "content-length" in fields:
+            try:
+                n = int(fields["content-length"])
+            except ValueError:
+                raise ConnectionResetError("bad Content-Length") from None
+            while len(self.buf) < n:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            body, self.buf = self.buf[:n], self.buf[n:]
+            return status, body, close
+        while self._more(end, True):  # neither: the body runs to the close
+            pass
+        return status, self.buf, True
+
+    def _chunked(self, end: float) -> bytes:
+        body: list[bytes] = []
+        while True:
+            while b"\r\n" not in self.buf:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            line, rest = self.buf.split(b"\r\n", 1)
+            try:
+                size = int(line.split(b";")[0], 16)
+            except ValueError:
+                raise ConnectionResetError("malformed chunk") from None
+            if size == 0:  # the last chunk, then trailers up to an empty line
+                self.buf = rest
+                while not (self.buf.startswith(b"\r\n") or b"\r\n\r\n" in self.buf):
+                    if not self._more(end, True):
+                        break
+                return b"".join(body)
+            while len(rest) < size + 2:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+                line, rest = self.buf.split(b"\r\n", 1)
+            body.append(rest[:size])
+            self.buf = rest[size + 2:]
+
+
 class WatchClosed(OSError):
     """The watch stream ended (member down, connection cut); open a new one from the last revision seen."""
 
@@ -318,18 +491,18 @@ class Watch:
         self.revision = 0  # the newest revision the stream reported (header of the last message)
 
     def open(self, payload: bytes, deadline: float) -> None:
-        host, port = self.client.endpoints[self.i]
-        sock = socket.create_connection((host, port), timeout=max(0.001, min(deadline - monotonic(), ATTEMPT)))
-        if self.client.url.tls:
-            sock = self.client._context().wrap_socket(sock, server_hostname=host)
+        timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
+        sock = self.client._open(self.i, timeout)
         self.sock = sock
-        head = ["POST /v3/watch HTTP/1.1", "Host: %s:%d" % (host, port), "Content-Type: application/json",
-                "Content-Length: %d" % len(payload)]
-        if self.client._token:
-            head.append("Authorization: %s" % self.client._token)
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
+        sock.sendall(self.client._head(self.i, "/v3/watch", len(payload)) + payload)
         while b"\r\n\r\n" not in self._raw:
-            if not self._fill(deadline, wake=False):
+            try:
+                more = self._fill(deadline, wake=False)
+            except (WatchClosed, ConnectionResetError) as e:
+                if not self._raw:  # closed before a byte of an answer: the URL's scheme may be wrong
+                    self.client._diagnose(self.i, e, timeout)
+                raise
+            if not more:
                 raise socket.timeout("no answer to the watch request")
         head_bytes, self._raw = self._raw.split(b"\r\n\r\n", 1)
         lines = head_bytes.decode("latin-1").split("\r\n")
@@ -484,3 +657,16 @@ def _oserror(e: BaseException) -> str:
         return "no answer in time"
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
     return text
+
+
+def _readable(what: str, path: str) -> None:
+    """FleetConfigError naming the file when `path` (a TLS file of the URL) cannot be read."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise FleetConfigError("fleet TLS: cannot read %s file %s: %s" % (what, path, e.strerror or e)) from None
+
+
+def _ssl_reason(e: BaseException) -> str:
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)
