@@ -180,6 +180,17 @@ def read_password_file(path: str, source: str) -> str:
 
 def parse(url: object, environ: dict | None = None) -> FleetURL:
     """Parse a fleet URL; InvalidFleetURL (a ValueError) says what is wrong with it, in one line."""
+    try:
+        return _parse(url, environ)
+    except InvalidFleetURL:
+        if isinstance(url, str) and mask(url) != url:
+            # 'user:pa/ss@host' fails elsewhere first ("port 'pa'"): never a detail that quotes the secret.
+            raise _bad(url, "never put a password in the URL: use --fleet-password-file FILE or $%s"
+                       % PASSWORD_FILE_ENV) from None
+        raise
+
+
+def _parse(url: object, environ: dict | None) -> FleetURL:
     if not isinstance(url, str):
         raise InvalidFleetURL("fleet URL must be a string, not %r" % (url,))
     if any(ord(c) < 33 or ord(c) == 127 for c in url):
