@@ -19,10 +19,10 @@ timeout is only part of what is left.)
 
 from __future__ import annotations
 
-import base64
-import json
+import _socket
+import binascii
 import select
-import socket
+import sys
 import threading
 import time
 
@@ -30,6 +30,7 @@ from ._error import FleetConfigError, FleetUnavailable, HostlockError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    import socket
     import ssl
 
     from ._fleet import FleetURL
@@ -56,11 +57,69 @@ NOT_FOUND = 5
 def b64(data: bytes | str) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8")
-    return base64.b64encode(data).decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
+    return binascii.a2b_base64(text) if text else b""
+
+
+# JSON through CPython's C accelerator directly: the `json` package imports `re` (and `base64` did too),
+# a few ms of every `hostlock run --fleet` start. Bodies are dicts of str/int/bool/lists, nothing else.
+try:
+    import _json
+
+    class _Context:
+        """What _json.make_scanner reads of json.JSONDecoder: strict JSON, plain dicts and numbers."""
+
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = float  # NaN, Infinity: etcd sends none
+        memo: dict = {}
+
+    _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
+    _quote = _json.encode_basestring_ascii
+except (ImportError, AttributeError):  # pragma: no cover - an interpreter without the accelerator
+    import json as _pyjson
+
+    _scan = _pyjson.JSONDecoder().scan_once  # type: ignore[attr-defined]
+    _quote = _pyjson.encoder.encode_basestring_ascii
+
+_SPACE = " \t\n\r"
+
+
+def loads(text: str) -> object:
+    """json.loads for the gateway's answers; ValueError when `text` is not one JSON value."""
+    i = len(text) - len(text.lstrip(_SPACE))
+    try:
+        value, end = _scan(text, i)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if text[end:].strip(_SPACE):
+        raise ValueError("extra data after JSON")
+    return value
+
+
+def dumps(value: object) -> str:
+    """Compact JSON of a request body (str keys; str, int, bool, None, lists and dicts as values)."""
+    if isinstance(value, str):
+        return _quote(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, dict):
+        return "{%s}" % ",".join("%s:%s" % (_quote(str(k)), dumps(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ",".join(dumps(v) for v in value)
+    raise TypeError("cannot send %r as JSON" % (value,))
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -137,10 +196,10 @@ class Client:
         member reached with etcd:// (it closes on plain HTTP) or a plain one reached with etcds:// (it resets
         on a TLS hello) is a mistake in the URL (FleetConfigError), not a member that is down."""
         host, port = self.endpoints[i]
-        sock = socket.create_connection((host.encode("ascii"), port), timeout=timeout)  # bytes: no idna codec to import
+        sock = _connect(host, port, timeout)
         try:
             # Requests are one small write each; without this, Nagle would hold a pipelined one back.
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             if self.url.tls:
                 ctx = self._context()
                 try:
@@ -163,8 +222,11 @@ class Client:
         protocol (asked once, within `timeout`); returns when it does not (then `e` is what it is)."""
         host, port = self.endpoints[i]
         member = _member(self.endpoints[i])
+        import ssl  # before _connect: the TLS probe needs a socket.socket (an error path only)
+
         try:
-            with socket.create_connection((host.encode("ascii"), port), timeout=min(timeout, ATTEMPT)) as probe:
+            probe = _connect(host, port, min(timeout, ATTEMPT))
+            try:
                 if self.url.tls:
                     probe.sendall(b"GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
                                   % member.encode("ascii"))
@@ -173,8 +235,6 @@ class Client:
                         raise FleetConfigError("fleet %s: member %s speaks plain HTTP, not TLS: use etcd://, "
                                                "not etcds://" % (self.url.members, member)) from None
                     return
-                import ssl
-
                 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
                 ctx.check_hostname = False
                 ctx.verify_mode = ssl.CERT_NONE  # only asks "is this TLS?": nothing is sent over it
@@ -186,6 +246,8 @@ class Client:
                         return
                 raise FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), "
                                        "not etcd://" % (self.url.members, member)) from None
+            finally:
+                probe.close()
         except OSError:
             return
 
@@ -252,7 +314,7 @@ class Client:
         else:
             self._keep(i, conn)
         try:
-            body = json.loads(data.decode("utf-8")) if data else {}
+            body = loads(data.decode("utf-8")) if data else {}
         except ValueError:
             body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status == 503 else 2}
         return status, body if isinstance(body, dict) else {}
@@ -263,7 +325,7 @@ class Client:
         deadline (at least `min_try` from now); EtcdError when etcd answers with a refusal. One member gets
         at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
         attempt that succeeded was sent (a lease's TTL runs from after that moment)."""
-        payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
         delay = 0.02
@@ -319,7 +381,7 @@ class Client:
             raise FleetConfigError("fleet %s: user %r needs a password: give --fleet-password-file FILE, or set "
                                    "$HOSTLOCK_FLEET_PASSWORD_FILE or $HOSTLOCK_FLEET_PASSWORD"
                                    % (self.url.members, self.url.user))
-        payload = json.dumps({"name": self.url.user, "password": password}).encode("utf-8")
+        payload = dumps({"name": self.url.user, "password": password}).encode("utf-8")
         status, reply = self._post(i, "/v3/auth/authenticate", payload,
                                    max(0.001, min(deadline - monotonic(), ATTEMPT)))
         token = reply.get("token")
@@ -340,7 +402,7 @@ class Client:
             req["range_end"] = b64(range_end)
         if filters:
             req["filters"] = list(filters)
-        payload = json.dumps({"create_request": req}).encode("utf-8")
+        payload = dumps({"create_request": req}).encode("utf-8")
         deadline = max(deadline, monotonic() + MIN_TRY)
         last = "no member tried"
         delay = 0.02
@@ -397,10 +459,10 @@ class _Conn:
             pass
 
     def _more(self, end: float, started: bool) -> bool:
-        """Read more into buf; False at the end of the stream. socket.timeout when `end` passed."""
+        """Read more into buf; False at the end of the stream. _socket.timeout when `end` passed."""
         left = end - monotonic()
         if left <= 0:
-            raise socket.timeout("timed out")
+            raise _socket.timeout("timed out")
         self.sock.settimeout(left)
         data = self.sock.recv(65536)
         if not data:
@@ -503,7 +565,7 @@ class Watch:
                     self.client._diagnose(self.i, e, timeout)
                 raise
             if not more:
-                raise socket.timeout("no answer to the watch request")
+                raise _socket.timeout("no answer to the watch request")
         head_bytes, self._raw = self._raw.split(b"\r\n\r\n", 1)
         lines = head_bytes.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1]) if len(lines[0].split()) > 1 else 0
@@ -514,7 +576,7 @@ class Watch:
             raise _Retry("watch refused: %s" % lines[0])
         first = self.next_message(deadline, wake=False)
         if first is None:
-            raise socket.timeout("watch not created in time")
+            raise _socket.timeout("watch not created in time")
         self._check(first)
         if not first.get("created"):
             raise _Retry("unexpected first watch message: %r" % (first,))
@@ -547,7 +609,7 @@ class Watch:
         try:
             sock.settimeout(max(0.001, min(deadline - monotonic(), ATTEMPT)))
             data = sock.recv(65536)
-        except socket.timeout:
+        except _socket.timeout:
             return False
         if not data:
             raise WatchClosed("watch stream closed by %s" % _member(self.client.endpoints[self.i]))
@@ -580,7 +642,7 @@ class Watch:
                 if not line.strip():
                     continue
                 try:
-                    msg = json.loads(line.decode("utf-8"))
+                    msg = loads(line.decode("utf-8"))
                 except ValueError:
                     raise WatchClosed("malformed message in the watch stream") from None
                 if not isinstance(msg, dict):
@@ -645,18 +707,38 @@ def _member(ep: tuple) -> str:
 
 def _permanent(e: BaseException) -> bool:
     """An error that asking again cannot fix: a certificate that does not verify, a TLS setup mistake."""
-    import sys
-
     ssl = sys.modules.get("ssl")  # loaded only when the URL is etcds://
     return ssl is not None and isinstance(e, ssl.SSLError) and not isinstance(e, (ssl.SSLWantReadError,
                                                                                   ssl.SSLEOFError))
 
 
 def _oserror(e: BaseException) -> str:
-    if isinstance(e, socket.timeout):
+    if isinstance(e, _socket.timeout):
         return "no answer in time"
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
     return text
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """socket.create_connection on `_socket`: the `socket` module costs the CLI ~2 ms of imports (enum);
+    ssl, for etcds://, needs a socket.socket and imports that module anyway. The host goes to getaddrinfo
+    as bytes (validated ASCII by the URL's parser): a str would load the idna codec."""
+    if sys.modules.get("ssl") is not None:
+        import socket
+
+        return socket.create_connection((host, port), timeout=timeout)
+    err: OSError | None = None
+    for family, kind, proto, _name, address in _socket.getaddrinfo(host.encode("ascii"), port, 0,
+                                                                      _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock  # type: ignore[return-value]  # the methods used here are _socket.socket's
+        except OSError as e:
+            sock.close()
+            err = e
+    raise err or OSError("getaddrinfo returned nothing for %s" % host)
 
 
 def _readable(what: str, path: str) -> None:

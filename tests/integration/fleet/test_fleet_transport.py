@@ -408,6 +408,7 @@ def test_the_client_reads_every_framing_the_gateway_may_use(answer, status, body
     (b"\x15\x03\x03\x00\x02\x02\x46", ConnectionResetError),  # a TLS alert is not HTTP
 ])
 def test_the_client_refuses_what_is_not_a_whole_answer(answer, error):
+    """Never a half answer taken for a whole one: the caller retries or diagnoses instead."""
     conn = _etcd._Conn(_serve(answer))
     try:
         with pytest.raises(error):
@@ -416,12 +417,27 @@ def test_the_client_refuses_what_is_not_a_whole_answer(answer, error):
         conn.close()
 
 
-def test_the_command_path_imports_no_http_client_email_or_idna(members, hl):
-    """What made `hostlock run --fleet` slow: http.client pulled in `email`; str hosts pulled in idna."""
+def test_the_command_path_imports_only_what_it_needs(members, hl):
+    """What made `hostlock run --fleet` slow: http.client pulled in `email`, json and base64 `re`, socket
+    `enum`, str hosts the idna codec. None of them is on the command's path (ssl only for etcds://)."""
     code = ("import sys; sys.path.append(%r); from hostlock.cli import main; rc = main(%r); "
-            "bad = [m for m in ('http.client', 'email', 'encodings.idna', 'ssl', 'urllib.parse', 'argparse') "
-            "if m in sys.modules]; print(bad); sys.exit(rc)"
+            "bad = [m for m in ('http.client', 'email', 'encodings.idna', 'ssl', 'urllib.parse', 'argparse', "
+            "'re', 'json', 'base64', 'socket', 'enum') if m in sys.modules]; print(bad); sys.exit(rc)"
             % (str(LIB), ["run", "--fleet", members.plain.url, "imports", "true"]))
     r = subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", code], capture_output=True, text=True,
                        timeout=GUARD, check=False)
     assert (r.returncode, r.stdout) == (0, "[]\n"), r
+
+
+@pytest.mark.parametrize("value", [{"key": "a2V5", "range_end": "AA==", "limit": 0, "keys_only": True},
+                                   {"compare": [{"target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                                    "success": [{"request_put": {"key": "eA==", "lease": "7"}}], "x": None},
+                                   ["\u00e9\n\"\\", -1, False], {}, []])
+def test_the_json_codec_agrees_with_the_json_package(value):
+    import json
+
+    assert json.loads(_etcd.dumps(value)) == value
+    assert _etcd.loads(" " + json.dumps(value) + "\r\n") == value
+    for bad in ("", "{", "{} x", "nul", "[1,]"):
+        with pytest.raises(ValueError):
+            _etcd.loads(bad)
