@@ -20,10 +20,10 @@ timeout is only part of what is left.)
 from __future__ import annotations
 
 import _socket
+import _thread
 import binascii
 import select
 import sys
-import threading
 import time
 
 from ._error import FleetConfigError, FleetUnavailable, HostlockError
@@ -157,7 +157,7 @@ class Client:
         self.url = url
         self.endpoints = list(url.endpoints)
         self._ssl: ssl.SSLContext | None = None
-        self._mutex = threading.Lock()
+        self._mutex = _thread.allocate_lock()
         self._idle: list = []  # (member index, _Conn) ready for reuse
         self._next = 0  # the member that answered last: asked first
         self._token: str | None = None
@@ -276,7 +276,7 @@ class Client:
     def forget(self) -> None:
         """After fork, in the child: drop the parent's connections without touching them."""
         self._idle = []
-        self._mutex = threading.Lock()
+        self._mutex = _thread.allocate_lock()
 
     # -- unary calls --------------------------------------------------------------------------------------
     def _head(self, i: int, path: str, length: int) -> bytes:
