@@ -253,6 +253,14 @@ class Client:
         except OSError:
             return
 
+    def _not_http(self, i: int, first: bytes) -> FleetConfigError:
+        member = _member(self.endpoints[i])
+        if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":  # a TLS record: alert or handshake
+            return FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), not "
+                                    "etcd://" % (self.url.members, member))
+        return FleetConfigError("fleet %s: member %s does not answer HTTP (it sent %r): is that etcd's client "
+                                "port (2379 by default)?" % (self.url.members, member, first[:24]))
+
     def _conn(self, i: int, timeout: float) -> tuple[_Conn, bool]:
         """A kept-alive connection to member i if one is idle, else a new one; (connection, reused)."""
         with self._mutex:
@@ -308,6 +316,9 @@ class Client:
                 else:
                     self._diagnose(i, e, timeout)
                     raise
+        except _NotHTTP as e:
+            conn.close()
+            raise self._not_http(i, e.first) from None
         except BaseException:
             conn.close()
             raise
@@ -318,7 +329,9 @@ class Client:
         try:
             body = loads(data.decode("utf-8")) if data else {}
         except ValueError:
-            body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status == 503 else 2}
+            # Not the gateway's JSON: a proxy's error page (5xx: ask again), or not etcd's v3 API at all.
+            body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status >= 500 else 2,
+                    "raw": True}
         return status, body if isinstance(body, dict) else {}
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
@@ -351,6 +364,11 @@ class Client:
                         self._next = i
                         return reply
                     message = _message(reply) or "HTTP %d" % status
+                    if status == 404 and reply.get("raw"):
+                        raise FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP 404 for /v3/%s): "
+                                               "is that etcd's client port (2379 by default, not the peer port "
+                                               "2380), etcd 3.4 or later?" % (self.url.members,
+                                                                              _member(self.endpoints[i]), path))
                     if status == 503 or code in _RETRY_CODES:
                         raise _Retry(message)
                     if code in _AUTH_CODES or status == 401 or "user name is empty" in message:
@@ -443,6 +461,14 @@ class _Silent(ConnectionError):
     """The member closed a connection before any byte of an answer."""
 
 
+class _NotHTTP(ConnectionError):
+    """What answered is not HTTP (a TLS record, an SSH banner): a mistake in the URL, not a member down."""
+
+    def __init__(self, first: bytes) -> None:
+        super().__init__("not an HTTP answer")
+        self.first = first
+
+
 class _Conn:
     """One HTTP/1.1 connection to a member, kept alive between requests.
 
@@ -482,13 +508,16 @@ class _Conn:
         self.buf = b""
         while True:
             while b"\r\n\r\n" not in self.buf:
-                if not self._more(end, bool(self.buf)):
+                more = self._more(end, bool(self.buf))
+                if not b"HTTP/".startswith(self.buf[:5]):
+                    raise _NotHTTP(self.buf[:40])
+                if not more:
                     raise ConnectionResetError("connection closed in the middle of an answer")
             head, self.buf = self.buf.split(b"\r\n\r\n", 1)
             lines = head.decode("latin-1").split("\r\n")
             status_line = lines[0].split(None, 2)
             if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
-                raise ConnectionResetError("not an HTTP answer: %r" % lines[0][:60])
+                raise _NotHTTP(head[:40])
             status = int(status_line[1])
             if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
                 continue
@@ -565,10 +594,16 @@ class Watch:
             except (WatchClosed, ConnectionResetError) as e:
                 if not self._raw:  # closed before a byte of an answer: the URL's scheme may be wrong
                     self.client._diagnose(self.i, e, timeout)
+                elif not b"HTTP/".startswith(self._raw[:5]):
+                    raise self.client._not_http(self.i, self._raw[:40]) from None
                 raise
+            if not b"HTTP/".startswith(self._raw[:5]):
+                raise self.client._not_http(self.i, self._raw[:40])
             if not more:
                 raise _socket.timeout("no answer to the watch request")
         head_bytes, self._raw = self._raw.split(b"\r\n\r\n", 1)
+        if not head_bytes.startswith(b"HTTP/"):
+            raise self.client._not_http(self.i, head_bytes[:40])
         lines = head_bytes.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1]) if len(lines[0].split()) > 1 else 0
         chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:])

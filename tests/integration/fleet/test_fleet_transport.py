@@ -405,7 +405,8 @@ def test_the_client_reads_every_framing_the_gateway_may_use(answer, status, body
 @pytest.mark.parametrize("answer, error", [
     (b"", _etcd._Silent),  # closed before a word: the case the scheme probe looks at
     (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}", ConnectionResetError),  # cut in the middle
-    (b"\x15\x03\x03\x00\x02\x02\x46", ConnectionResetError),  # a TLS alert is not HTTP
+    (b"\x15\x03\x03\x00\x02\x02\x46", _etcd._NotHTTP),  # a TLS alert is not HTTP: a URL mistake
+    (b"SSH-2.0-OpenSSH_9.2\r\n", _etcd._NotHTTP),
 ])
 def test_the_client_refuses_what_is_not_a_whole_answer(answer, error):
     """Never a half answer taken for a whole one: the caller retries or diagnoses instead."""
@@ -441,3 +442,42 @@ def test_the_json_codec_agrees_with_the_json_package(value):
     for bad in ("", "{", "{} x", "nul", "[1,]"):
         with pytest.raises(ValueError):
             _etcd.loads(bad)
+
+
+class _Banner:
+    """A TCP service that is not etcd: it sends a banner (SSH's) on every connection, then closes."""
+
+    def __init__(self, banner: bytes) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.banner = banner
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _peer = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(self.banner)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_port_that_is_not_etcds_client_port_is_78_naming_it(members, hl):
+    """etcd's peer port (HTTP, but no /v3 gateway) and a service that does not speak HTTP at all: a
+    mistake in the URL, said at once, never waited out as if a member were down."""
+    peer = "127.0.0.1:%d" % members.plain.peer_port
+    r = run(hl, "run", "--fleet", "etcd://" + peer, "-w", "30s", "t", "true")
+    assert r.returncode == 78 and "member %s has no etcd v3 gateway (HTTP 404" % peer in one_line(r), r
+    ssh = _Banner(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    try:
+        r = run(hl, "run", "--fleet", "etcd://" + ssh.endpoint, "-w", "30s", "t", "true")
+        assert r.returncode == 78, r
+        assert "member %s does not answer HTTP (it sent b'SSH-2.0-" % ssh.endpoint in one_line(r), r
+    finally:
+        ssh.close()
