@@ -198,12 +198,12 @@ class Client:
         member reached with etcd:// (it closes on plain HTTP) or a plain one reached with etcds:// (it resets
         on a TLS hello) is a mistake in the URL (FleetConfigError), not a member that is down."""
         host, port = self.endpoints[i]
+        ctx = self._context() if self.url.tls else None  # its files first: a mistake there needs no network
         sock = _connect(host, port, timeout)
         try:
             # Requests are one small write each; without this, Nagle would hold a pipelined one back.
             sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-            if self.url.tls:
-                ctx = self._context()
+            if ctx is not None:
                 try:
                     return ctx.wrap_socket(sock, server_hostname=host)
                 except (ConnectionResetError, BrokenPipeError) as e:
@@ -765,8 +765,8 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
 
         return socket.create_connection((host, port), timeout=timeout)
     err: OSError | None = None
-    for family, kind, proto, _name, address in _socket.getaddrinfo(host.encode("ascii"), port, 0,
-                                                                      _socket.SOCK_STREAM):
+    found = _socket.getaddrinfo(host.encode("ascii"), port, 0, _socket.SOCK_STREAM)
+    for family, kind, proto, _name, address in found:
         sock = _socket.socket(family, kind, proto)
         try:
             sock.settimeout(timeout)
