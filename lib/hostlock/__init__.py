@@ -11,6 +11,7 @@ from ._api import STATUS_SCHEMA, Lock, LockStatus, break_lock, holders, list_loc
 from ._directory import SYSTEM_DIRECTORY, default_directory
 from ._error import (
     CorruptLockFile,
+    FleetConfigError,
     FleetUnavailable,
     HostlockError,
     InvalidDuration,
@@ -97,6 +98,7 @@ __all__ = [
     "STATUS_SCHEMA",
     "SYSTEM_DIRECTORY",
     "CorruptLockFile",
+    "FleetConfigError",
     "FleetUnavailable",
     "Holder",
     "HostlockError",

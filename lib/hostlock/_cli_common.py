@@ -26,6 +26,7 @@ EX_CANTCREAT = 73  # read-only file system, disk full
 EX_TEMPFAIL = 75  # default exit code on conflict: "did not run, try later" (lckdo's choice; flock: -E 1)
 EX_FLEET = 76  # the fleet (etcd) was unavailable within the wait: unreachable, no quorum, auth refused
 EX_NOPERM = 77  # wrong or expired lease token; another user's lock
+EX_CONFIG = 78  # a fleet setting that cannot work: TLS/password file missing or open to others, wrong scheme
 EX_LOST = 79  # the fleet lock was lost while the job ran: the job was stopped, whatever its own status
 EX_TIMEOUT = 124  # the job ran longer than --time-limit (timeout(1)'s code)
 
@@ -96,6 +97,9 @@ def refuse_host_options(options: dict[str, bool], given: str | None, fleet: str,
     """
     present = [opt for opt, there in options.items() if there]
     if present:
+        from ._fleet import mask
+
+        fleet = mask(fleet)  # a password put in the URL by mistake is not repeated
         raise UsageError("%s %s for host locks, not a fleet lock (%s %s): drop %s, or give --fleet '' for a "
                          "host lock" % (" and ".join(present), "is" if len(present) == 1 else "are",
                                         fleet_source(given), fleet, "it" if len(present) == 1 else "them"),
@@ -117,6 +121,8 @@ def error_exit_code(exc: BaseException) -> int:
 
     if isinstance(exc, (e.InvalidName, e.InvalidDuration, e.InvalidFleetURL)):
         return EX_USAGE
+    if isinstance(exc, e.FleetConfigError):
+        return EX_CONFIG
     if isinstance(exc, e.FleetUnavailable):
         return EX_FLEET
     if isinstance(exc, e.LockLost):

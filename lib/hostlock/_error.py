@@ -81,3 +81,9 @@ class FleetUnavailable(HostlockError):
 class LockLost(HostlockError):
     """A fleet lock this process held is gone (its lease expired or was revoked, or its key was deleted):
     whatever it protected may already be done by someone else. Stop acting on it."""
+
+
+class FleetConfigError(HostlockError):
+    """A fleet setting that cannot work, found before or at the first contact: a TLS or password file that
+    is missing, unreadable or readable by other users, the URL's scheme against what the member speaks.
+    Never retried (waiting cannot fix it); the message names the file or the scheme. CLI exit 78."""

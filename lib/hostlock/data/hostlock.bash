@@ -32,13 +32,13 @@ _hostlock() {
     case ${words[1]} in
         run) opts="--path -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
                    -d --dir --mechanism --label -c --command --time-limit --kill-after --process-group -q --quiet
-                   --fleet --ttl -v --verbose -h --help" ;;
+                   --fleet --ttl --fleet-password-file -v --verbose -h --help" ;;
         flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
                      -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
                      --verbose -h --help -V --version --process-group" ;;
         cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --time-limit
                     --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
-                    --process-group -c --command --fleet --ttl -v --verbose -h --help" ;;
+                    --process-group -c --command --fleet --ttl --fleet-password-file -v --verbose -h --help" ;;
         status) opts="--path --json --wide -d --dir --fleet -h --help" ;;
         list) opts="--json --wide -d --dir --fleet -h --help" ;;
         hold) opts="--lease -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E

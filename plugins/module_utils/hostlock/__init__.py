@@ -13,6 +13,7 @@ from ._api import STATUS_SCHEMA, Lock, LockStatus, break_lock, holders, list_loc
 from ._directory import SYSTEM_DIRECTORY, default_directory
 from ._error import (
     CorruptLockFile,
+    FleetConfigError,
     FleetUnavailable,
     HostlockError,
     InvalidDuration,
@@ -99,6 +100,7 @@ __all__ = [
     "STATUS_SCHEMA",
     "SYSTEM_DIRECTORY",
     "CorruptLockFile",
+    "FleetConfigError",
     "FleetUnavailable",
     "Holder",
     "HostlockError",

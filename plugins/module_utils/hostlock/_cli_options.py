@@ -7,6 +7,8 @@ Parsed by hand with `_cli_common.getopt` (argparse costs ~12 ms on a path starte
 
 from __future__ import annotations
 
+import os
+
 from . import _cli_common as c
 from ._directory import MECHANISM_CHOICES
 from ._supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
@@ -50,6 +52,11 @@ fleet options (one lock across hosts, on etcd; docs/fleet.md):
                            it is stopped (SIGTERM, SIGKILL after --kill-after) and hostlock exits 79.
                            --dir, --mechanism and --path do not apply
   --ttl DURATION           the lock's etcd lease: how long it outlives a dead hostlock (default 10s)
+  --fleet-password-file FILE
+                           the password of the URL's user (etcd://USER@HOST): the first line of FILE, a
+                           file of yours or root's that nobody else may read (default:
+                           $HOSTLOCK_FLEET_PASSWORD_FILE, else $HOSTLOCK_FLEET_PASSWORD, which the job
+                           never sees). A mistake in the fleet's settings exits 78
 job options:
   -c, --command CMD        run CMD with /bin/sh -c
   --time-limit DURATION    the most the job may run: then SIGTERM, exit code 124 (--timeout is
@@ -88,7 +95,7 @@ signal, timeout) they are printed followed by one line with the status, so cron 
   --syslog                 write one line per run to syslog (/dev/log): started job's result or skip
   --syslog-socket PATH     syslog socket to use (implies --syslog)
   -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD, --path FILE,
-  --fleet URL, --ttl DURATION:
+  --fleet URL, --ttl DURATION, --fleet-password-file FILE:
                            as for run (a lost fleet lock is a failure: output, one line, exit 79)
   -v, --verbose            say what happens, on stderr (cron mails it)
   -h, --help               show this help
@@ -103,7 +110,8 @@ class Options:
 
     __slots__ = ("name", "mode", "slots", "wait", "conflict_code", "directory", "mechanism", "label",
                  "command", "shell", "timeout", "kill_after", "pgroup", "quiet", "verbose", "help",
-                 "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path", "fleet", "fleet_given", "ttl")
+                 "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path", "fleet", "fleet_given", "ttl",
+                 "password_file")
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -130,6 +138,7 @@ class Options:
         self.fleet: str | None = None  # the fleet URL in effect (--fleet, else $HOSTLOCK_FLEET); None: host lock
         self.fleet_given: str | None = None  # --fleet's value as given ('' = host locks), None if absent
         self.ttl: float | None = None  # --ttl: the fleet lock's lease; None: the engine's default
+        self.password_file: str | None = None  # --fleet-password-file FILE
 
 
 _RUN_SPEC = {
@@ -145,6 +154,7 @@ _RUN_SPEC = {
     "--path": ("path", True),
     "--fleet": ("fleet", True),
     "--ttl": ("ttl", True),
+    "--fleet-password-file": ("password_file", True),
     "-c": ("shell", True), "--command": ("shell", True),
     "--time-limit": ("timeout", True),
     "--timeout": ("timeout_refused", True),
@@ -202,6 +212,10 @@ def parse(args: list[str], cron: bool) -> Options:
             o.path = value
         elif key == "fleet":
             o.fleet_given = value or ""
+        elif key == "password_file":
+            if not value:
+                raise c.UsageError("%s needs a file" % opt, command)
+            o.password_file = value
         elif key == "ttl":
             o.ttl = c.duration_arg(value or "", opt)
             if o.ttl <= 0:
@@ -296,10 +310,16 @@ def check_fleet(o: Options, command: str) -> None:
     from $HOSTLOCK_FLEET) is a contradiction, never a silent fall-back to a lock this host alone sees.
     """
     o.fleet = c.fleet_arg(o.fleet_given)
+    if o.fleet is not None or o.password_file is not None or "HOSTLOCK_FLEET_PASSWORD" in os.environ:
+        from . import _fleet
+
+        # The password leaves our environment before any job could inherit it (host lock or fleet lock).
+        _fleet.take_credentials(o.password_file)
     if o.fleet is None:
-        if o.ttl is not None:
-            raise c.UsageError("--ttl applies to fleet locks only (give --fleet URL or set $%s)" % c.FLEET_ENV,
-                               command)
+        for opt, given in (("--ttl", o.ttl is not None), ("--fleet-password-file", o.password_file is not None)):
+            if given:
+                raise c.UsageError("%s applies to fleet locks only (give --fleet URL or set $%s)"
+                                   % (opt, c.FLEET_ENV), command)
         return
     c.refuse_host_options({"--path": o.path is not None, "--dir": o.directory is not None,
                            "--mechanism": o.mechanism != "auto"}, o.fleet_given, o.fleet, command)

@@ -2,9 +2,14 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A small etcd v3 client over its documented JSON gateway (/v3/...), standard library only.
 
-The CLI runs on hosts that have only Python 3.8+, so no gRPC and no third-party client: unary calls go through
-http.client (one kept-alive connection per member and caller), watches through a raw socket that reads the
-chunked stream of newline-delimited JSON ourselves, so that every read has a deadline.
+The CLI runs on hosts that have only Python 3.8+, so no gRPC and no third-party client: unary calls and
+watches go over plain sockets with the little HTTP/1.1 they need (`_Conn`: one kept-alive connection per
+member and caller; `Watch`: the chunked stream of newline-delimited JSON), so that every read has a deadline
+and the command line never imports http.client (and with it the `email` package).
+
+Mistakes in the URL fail at once with FleetConfigError naming the file or the scheme: a TLS file missing,
+unreadable or not PEM; etcd:// to a TLS member or etcds:// to a plain one (found by asking the member once
+in the other protocol when it ends a fresh connection without a word).
 
 Every call carries the caller's deadline (time.monotonic()): a member that does not answer is given up at the
 deadline, never later. A member that refuses (connection refused or reset, HTTP 503 "no leader", a read that
@@ -16,18 +21,18 @@ timeout is only part of what is left.)
 
 from __future__ import annotations
 
-import base64
-import http.client
-import json
+import _socket
+import _thread
+import binascii
 import select
-import socket
-import threading
+import sys
 import time
 
-from ._error import FleetUnavailable, HostlockError
+from ._error import FleetConfigError, FleetUnavailable, HostlockError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    import socket
     import ssl
 
     from ._fleet import FleetURL
@@ -54,11 +59,69 @@ NOT_FOUND = 5
 def b64(data: bytes | str) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8")
-    return base64.b64encode(data).decode("ascii")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
+    return binascii.a2b_base64(text) if text else b""
+
+
+# JSON through CPython's C accelerator directly: the `json` package imports `re` (and `base64` did too),
+# a few ms of every `hostlock run --fleet` start. Bodies are dicts of str/int/bool/lists, nothing else.
+try:
+    import _json
+
+    class _Context:
+        """What _json.make_scanner reads of json.JSONDecoder: strict JSON, plain dicts and numbers."""
+
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = float  # NaN, Infinity: etcd sends none
+        memo: dict = {}
+
+    _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
+    _quote = _json.encode_basestring_ascii
+except (ImportError, AttributeError):  # pragma: no cover - an interpreter without the accelerator
+    import json as _pyjson
+
+    _scan = _pyjson.JSONDecoder().scan_once  # type: ignore[attr-defined]
+    _quote = _pyjson.encoder.encode_basestring_ascii
+
+_SPACE = " \t\n\r"
+
+
+def loads(text: str) -> object:
+    """json.loads for the gateway's answers; ValueError when `text` is not one JSON value."""
+    i = len(text) - len(text.lstrip(_SPACE))
+    try:
+        value, end = _scan(text, i)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if text[end:].strip(_SPACE):
+        raise ValueError("extra data after JSON")
+    return value
+
+
+def dumps(value: object) -> str:
+    """Compact JSON of a request body (str keys; str, int, bool, None, lists and dicts as values)."""
+    if isinstance(value, str):
+        return _quote(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, dict):
+        return "{%s}" % ",".join("%s:%s" % (_quote(str(k)), dumps(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ",".join(dumps(v) for v in value)
+    raise TypeError("cannot send %r as JSON" % (value,))
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -96,38 +159,118 @@ class Client:
         self.url = url
         self.endpoints = list(url.endpoints)
         self._ssl: ssl.SSLContext | None = None
-        self._mutex = threading.Lock()
-        self._idle: list = []  # (member index, HTTPConnection) ready for reuse
+        self._mutex = _thread.allocate_lock()
+        self._idle: list = []  # (member index, _Conn) ready for reuse
         self._next = 0  # the member that answered last: asked first
         self._token: str | None = None
         self._token_for: str | None = None  # the token the last auth failure was seen with
 
     # -- connections --------------------------------------------------------------------------------------
     def _context(self) -> ssl.SSLContext:
+        """The TLS context of etcds://, its files checked first: a file missing, unreadable or not PEM is a
+        configuration mistake (FleetConfigError naming the file), never retried as if the member were down."""
         if self._ssl is None:
             import ssl
 
-            ctx = ssl.create_default_context(cafile=self.url.cacert)
-            if self.url.cert:
-                ctx.load_cert_chain(self.url.cert, self.url.key)
+            url = self.url
+            for what, path in (("cacert", url.cacert), ("cert", url.cert), ("key", url.key)):
+                if path is not None:
+                    _readable(what, path)
+            try:
+                ctx = ssl.create_default_context(cafile=url.cacert)
+            except (ssl.SSLError, ValueError) as e:
+                raise FleetConfigError("fleet TLS: cacert file %s holds no usable CA certificate (%s)"
+                                       % (url.cacert, _ssl_reason(e))) from None
+            if url.cert:
+                try:
+                    ctx.load_cert_chain(url.cert, url.key)
+                except (ssl.SSLError, ValueError) as e:
+                    raise FleetConfigError("fleet TLS: cert file %s and key file %s are not a certificate and "
+                                           "its private key in PEM (%s)" % (url.cert, url.key, _ssl_reason(e))
+                                           ) from None
             self._ssl = ctx
         return self._ssl
 
-    def _connection(self, i: int, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    def _open(self, i: int, timeout: float) -> socket.socket:
+        """A new connection to member i (TLS for etcds://), blocking with `timeout` per operation.
+
+        A member that ends the connection before saying anything is asked once in the other protocol: a TLS
+        member reached with etcd:// (it closes on plain HTTP) or a plain one reached with etcds:// (it resets
+        on a TLS hello) is a mistake in the URL (FleetConfigError), not a member that is down."""
+        host, port = self.endpoints[i]
+        ctx = self._context() if self.url.tls else None  # its files first: a mistake there needs no network
+        sock = _connect(host, port, timeout)
+        try:
+            # Requests are one small write each; without this, Nagle would hold a pipelined one back.
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            if ctx is not None:
+                try:
+                    return ctx.wrap_socket(sock, server_hostname=host)
+                except (ConnectionResetError, BrokenPipeError) as e:
+                    self._diagnose(i, e, timeout)
+                    raise
+                except OSError as e:
+                    if type(e).__name__ in ("SSLEOFError", "SSLZeroReturnError") or _ssl_reason(e) in (
+                            "WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "HTTP_REQUEST"):
+                        self._diagnose(i, e, timeout)
+                    raise
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    def _diagnose(self, i: int, e: BaseException, timeout: float) -> None:
+        """Member i ended a fresh connection before answering: FleetConfigError when it speaks the other
+        protocol (asked once, within `timeout`); returns when it does not (then `e` is what it is)."""
+        host, port = self.endpoints[i]
+        member = _member(self.endpoints[i])
+        import ssl  # before _connect: the TLS probe needs a socket.socket (an error path only)
+
+        try:
+            probe = _connect(host, port, min(timeout, ATTEMPT))
+            try:
+                if self.url.tls:
+                    probe.sendall(b"GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                                  % member.encode("ascii"))
+                    answer = probe.recv(5)
+                    if answer.startswith(b"HTTP/"):
+                        raise FleetConfigError("fleet %s: member %s speaks plain HTTP, not TLS: use etcd://, "
+                                               "not etcds://" % (self.url.members, member)) from None
+                    return
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE  # only asks "is this TLS?": nothing is sent over it
+                try:
+                    ctx.wrap_socket(probe, server_hostname=host).close()
+                except ssl.SSLError as tls:
+                    if isinstance(tls, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) or \
+                            _ssl_reason(tls) == "WRONG_VERSION_NUMBER":
+                        return
+                raise FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), "
+                                       "not etcd://" % (self.url.members, member)) from None
+            finally:
+                probe.close()
+        except OSError:
+            return
+
+    def _not_http(self, i: int, first: bytes) -> FleetConfigError:
+        member = _member(self.endpoints[i])
+        if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":  # a TLS record: alert or handshake
+            return FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), not "
+                                    "etcd://" % (self.url.members, member))
+        return FleetConfigError("fleet %s: member %s does not answer HTTP (it sent %r): is that etcd's client "
+                                "port (2379 by default)?" % (self.url.members, member, first[:24]))
+
+    def _conn(self, i: int, timeout: float) -> tuple[_Conn, bool]:
+        """A kept-alive connection to member i if one is idle, else a new one; (connection, reused)."""
         with self._mutex:
             for k, (j, conn) in enumerate(self._idle):
                 if j == i:
                     del self._idle[k]
-                    if conn.sock is not None:
-                        conn.sock.settimeout(timeout)
-                    conn.timeout = timeout
                     return conn, True
-        host, port = self.endpoints[i]
-        if self.url.tls:
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context()), False
-        return http.client.HTTPConnection(host, port, timeout=timeout), False
+        return _Conn(self._open(i, timeout)), False
 
-    def _keep(self, i: int, conn: http.client.HTTPConnection) -> None:
+    def _keep(self, i: int, conn: _Conn) -> None:
         with self._mutex:
             if len(self._idle) < 8:
                 self._idle.append((i, conn))
@@ -143,50 +286,53 @@ class Client:
     def forget(self) -> None:
         """After fork, in the child: drop the parent's connections without touching them."""
         self._idle = []
-        self._mutex = threading.Lock()
+        self._mutex = _thread.allocate_lock()
 
     # -- unary calls --------------------------------------------------------------------------------------
-    def _headers(self) -> dict:
-        h = {"Content-Type": "application/json"}
+    def _head(self, i: int, path: str, length: int) -> bytes:
+        host, port = self.endpoints[i]
+        head = "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+            path, _member((host, port)), length)
         if self._token:
-            h["Authorization"] = self._token
-        return h
+            head += "Authorization: %s\r\n" % self._token
+        return (head + "\r\n").encode("latin-1")
 
     def _post(self, i: int, path: str, payload: bytes, timeout: float) -> tuple[int, dict]:
-        """One request to member i: (HTTP status, JSON body). OSError/HTTPException when it fails."""
-        conn, reused = self._connection(i, timeout)
+        """One request to member i: (HTTP status, JSON body). OSError when it fails."""
+        conn, reused = self._conn(i, timeout)
         try:
             try:
-                conn.request("POST", path, payload, self._headers())
-                resp = conn.getresponse()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                if not reused:
-                    raise
-                # A kept-alive connection the member closed while idle: the request never reached it.
+                status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+            except (_Silent, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()
-                conn, reused = self._connection_fresh(i, timeout)
-                conn.request("POST", path, payload, self._headers())
-                resp = conn.getresponse()
-            data = resp.read()
-            status = resp.status
+                if reused:
+                    # A kept-alive connection the member closed while idle: the request never reached it.
+                    conn, reused = _Conn(self._open(i, timeout)), False
+                    try:
+                        status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+                    except (_Silent, ConnectionResetError) as again:
+                        self._diagnose(i, again, timeout)
+                        raise
+                else:
+                    self._diagnose(i, e, timeout)
+                    raise
+        except _NotHTTP as e:
+            conn.close()
+            raise self._not_http(i, e.first) from None
         except BaseException:
             conn.close()
             raise
-        if resp.will_close:
+        if close:
             conn.close()
         else:
             self._keep(i, conn)
         try:
-            body = json.loads(data.decode("utf-8")) if data else {}
+            body = loads(data.decode("utf-8")) if data else {}
         except ValueError:
-            body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status == 503 else 2}
+            # Not the gateway's JSON: a proxy's error page (5xx: ask again), or not etcd's v3 API at all.
+            body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status >= 500 else 2,
+                    "raw": True}
         return status, body if isinstance(body, dict) else {}
-
-    def _connection_fresh(self, i: int, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
-        host, port = self.endpoints[i]
-        if self.url.tls:
-            return http.client.HTTPSConnection(host, port, timeout=timeout, context=self._context()), False
-        return http.client.HTTPConnection(host, port, timeout=timeout), False
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
              sent: list | None = None) -> dict:
@@ -194,7 +340,7 @@ class Client:
         deadline (at least `min_try` from now); EtcdError when etcd answers with a refusal. One member gets
         at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
         attempt that succeeded was sent (a lease's TTL runs from after that moment)."""
-        payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
         delay = 0.02
@@ -218,6 +364,11 @@ class Client:
                         self._next = i
                         return reply
                     message = _message(reply) or "HTTP %d" % status
+                    if status == 404 and reply.get("raw"):
+                        raise FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP 404 for /v3/%s): "
+                                               "is that etcd's client port (2379 by default, not the peer port "
+                                               "2380), etcd 3.4 or later?" % (self.url.members,
+                                                                              _member(self.endpoints[i]), path))
                     if status == 503 or code in _RETRY_CODES:
                         raise _Retry(message)
                     if code in _AUTH_CODES or status == 401 or "user name is empty" in message:
@@ -232,7 +383,7 @@ class Client:
                 except _Retry as e:
                     transient += 1
                     last = "%s: %s" % (_member(self.endpoints[i]), e)
-                except (OSError, http.client.HTTPException) as e:
+                except OSError as e:
                     transient += not _permanent(e)
                     last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
             left = deadline - monotonic()
@@ -247,8 +398,10 @@ class Client:
     def _authenticate(self, i: int, deadline: float) -> None:
         password = self.url.password
         if password is None:
-            raise self._unavailable("user %r needs a password: set $HOSTLOCK_FLEET_PASSWORD" % self.url.user)
-        payload = json.dumps({"name": self.url.user, "password": password}).encode("utf-8")
+            raise FleetConfigError("fleet %s: user %r needs a password: give --fleet-password-file FILE, or set "
+                                   "$HOSTLOCK_FLEET_PASSWORD_FILE or $HOSTLOCK_FLEET_PASSWORD"
+                                   % (self.url.members, self.url.user))
+        payload = dumps({"name": self.url.user, "password": password}).encode("utf-8")
         status, reply = self._post(i, "/v3/auth/authenticate", payload,
                                    max(0.001, min(deadline - monotonic(), ATTEMPT)))
         token = reply.get("token")
@@ -269,7 +422,7 @@ class Client:
             req["range_end"] = b64(range_end)
         if filters:
             req["filters"] = list(filters)
-        payload = json.dumps({"create_request": req}).encode("utf-8")
+        payload = dumps({"create_request": req}).encode("utf-8")
         deadline = max(deadline, monotonic() + MIN_TRY)
         last = "no member tried"
         delay = 0.02
@@ -304,6 +457,117 @@ class Client:
             delay = min(delay * 2, 0.5)
 
 
+class _Silent(ConnectionError):
+    """The member closed a connection before any byte of an answer."""
+
+
+class _NotHTTP(ConnectionError):
+    """What answered is not HTTP (a TLS record, an SSH banner): a mistake in the URL, not a member down."""
+
+    def __init__(self, first: bytes) -> None:
+        super().__init__("not an HTTP answer")
+        self.first = first
+
+
+class _Conn:
+    """One HTTP/1.1 connection to a member, kept alive between requests.
+
+    Just what the gateway needs (a POST with Content-Length; an answer with Content-Length, chunked, or up
+    to the close) over the socket: http.client would cost the CLI its `email` package at every start."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _more(self, end: float, started: bool) -> bool:
+        """Read more into buf; False at the end of the stream. _socket.timeout when `end` passed."""
+        left = end - monotonic()
+        if left <= 0:
+            raise _socket.timeout("timed out")
+        self.sock.settimeout(left)
+        data = self.sock.recv(65536)
+        if not data:
+            if not started:
+                raise _Silent("connection closed without an answer")
+            return False
+        self.buf += data
+        return True
+
+    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
+        """Send one request, read its answer: (status, body, whether the connection must be closed)."""
+        end = monotonic() + timeout
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+        self.buf = b""
+        while True:
+            while b"\r\n\r\n" not in self.buf:
+                more = self._more(end, bool(self.buf))
+                if not b"HTTP/".startswith(self.buf[:5]):
+                    raise _NotHTTP(self.buf[:40])
+                if not more:
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            status_line = lines[0].split(None, 2)
+            if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
+                raise _NotHTTP(head[:40])
+            status = int(status_line[1])
+            if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+                continue
+            break
+        fields = {}
+        for line in lines[1:]:
+            k, _colon, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        close = status_line[0] == "HTTP/1.0" or fields.get("connection", "").lower() == "close"
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            return status, self._chunked(end), close
+        if "content-length" in fields:
+            try:
+                n = int(fields["content-length"])
+            except ValueError:
+                raise ConnectionResetError("bad Content-Length") from None
+            while len(self.buf) < n:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            body, self.buf = self.buf[:n], self.buf[n:]
+            return status, body, close
+        while self._more(end, True):  # neither: the body runs to the close
+            pass
+        return status, self.buf, True
+
+    def _chunked(self, end: float) -> bytes:
+        body: list[bytes] = []
+        while True:
+            while b"\r\n" not in self.buf:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            line, rest = self.buf.split(b"\r\n", 1)
+            try:
+                size = int(line.split(b";")[0], 16)
+            except ValueError:
+                raise ConnectionResetError("malformed chunk") from None
+            if size == 0:  # the last chunk, then trailers up to an empty line
+                self.buf = rest
+                while not (self.buf.startswith(b"\r\n") or b"\r\n\r\n" in self.buf):
+                    if not self._more(end, True):
+                        break
+                return b"".join(body)
+            while len(rest) < size + 2:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+                line, rest = self.buf.split(b"\r\n", 1)
+            body.append(rest[:size])
+            self.buf = rest[size + 2:]
+
+
 class WatchClosed(OSError):
     """The watch stream ended (member down, connection cut); open a new one from the last revision seen."""
 
@@ -320,20 +584,26 @@ class Watch:
         self.revision = 0  # the newest revision the stream reported (header of the last message)
 
     def open(self, payload: bytes, deadline: float) -> None:
-        host, port = self.client.endpoints[self.i]
-        sock = socket.create_connection((host, port), timeout=max(0.001, min(deadline - monotonic(), ATTEMPT)))
-        if self.client.url.tls:
-            sock = self.client._context().wrap_socket(sock, server_hostname=host)
+        timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
+        sock = self.client._open(self.i, timeout)
         self.sock = sock
-        head = ["POST /v3/watch HTTP/1.1", "Host: %s:%d" % (host, port), "Content-Type: application/json",
-                "Content-Length: %d" % len(payload)]
-        if self.client._token:
-            head.append("Authorization: %s" % self.client._token)
-        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + payload)
+        sock.sendall(self.client._head(self.i, "/v3/watch", len(payload)) + payload)
         while b"\r\n\r\n" not in self._raw:
-            if not self._fill(deadline, wake=False):
-                raise socket.timeout("no answer to the watch request")
+            try:
+                more = self._fill(deadline, wake=False)
+            except (WatchClosed, ConnectionResetError) as e:
+                if not self._raw:  # closed before a byte of an answer: the URL's scheme may be wrong
+                    self.client._diagnose(self.i, e, timeout)
+                elif not b"HTTP/".startswith(self._raw[:5]):
+                    raise self.client._not_http(self.i, self._raw[:40]) from None
+                raise
+            if not b"HTTP/".startswith(self._raw[:5]):
+                raise self.client._not_http(self.i, self._raw[:40])
+            if not more:
+                raise _socket.timeout("no answer to the watch request")
         head_bytes, self._raw = self._raw.split(b"\r\n\r\n", 1)
+        if not head_bytes.startswith(b"HTTP/"):
+            raise self.client._not_http(self.i, head_bytes[:40])
         lines = head_bytes.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1]) if len(lines[0].split()) > 1 else 0
         chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:])
@@ -343,7 +613,7 @@ class Watch:
             raise _Retry("watch refused: %s" % lines[0])
         first = self.next_message(deadline, wake=False)
         if first is None:
-            raise socket.timeout("watch not created in time")
+            raise _socket.timeout("watch not created in time")
         self._check(first)
         if not first.get("created"):
             raise _Retry("unexpected first watch message: %r" % (first,))
@@ -376,7 +646,7 @@ class Watch:
         try:
             sock.settimeout(max(0.001, min(deadline - monotonic(), ATTEMPT)))
             data = sock.recv(65536)
-        except socket.timeout:
+        except _socket.timeout:
             return False
         if not data:
             raise WatchClosed("watch stream closed by %s" % _member(self.client.endpoints[self.i]))
@@ -409,7 +679,7 @@ class Watch:
                 if not line.strip():
                     continue
                 try:
-                    msg = json.loads(line.decode("utf-8"))
+                    msg = loads(line.decode("utf-8"))
                 except ValueError:
                     raise WatchClosed("malformed message in the watch stream") from None
                 if not isinstance(msg, dict):
@@ -474,15 +744,48 @@ def _member(ep: tuple) -> str:
 
 def _permanent(e: BaseException) -> bool:
     """An error that asking again cannot fix: a certificate that does not verify, a TLS setup mistake."""
-    import sys
-
     ssl = sys.modules.get("ssl")  # loaded only when the URL is etcds://
     return ssl is not None and isinstance(e, ssl.SSLError) and not isinstance(e, (ssl.SSLWantReadError,
                                                                                   ssl.SSLEOFError))
 
 
 def _oserror(e: BaseException) -> str:
-    if isinstance(e, socket.timeout):
+    if isinstance(e, _socket.timeout):
         return "no answer in time"
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
     return text
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """socket.create_connection on `_socket`: the `socket` module costs the CLI ~2 ms of imports (enum);
+    ssl, for etcds://, needs a socket.socket and imports that module anyway. The host goes to getaddrinfo
+    as bytes (validated ASCII by the URL's parser): a str would load the idna codec."""
+    if sys.modules.get("ssl") is not None:
+        import socket
+
+        return socket.create_connection((host, port), timeout=timeout)
+    err: OSError | None = None
+    found = _socket.getaddrinfo(host.encode("ascii"), port, 0, _socket.SOCK_STREAM)
+    for family, kind, proto, _name, address in found:
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock  # type: ignore[return-value]  # the methods used here are _socket.socket's
+        except OSError as e:
+            sock.close()
+            err = e
+    raise err or OSError("getaddrinfo returned nothing for %s" % host)
+
+
+def _readable(what: str, path: str) -> None:
+    """FleetConfigError naming the file when `path` (a TLS file of the URL) cannot be read."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise FleetConfigError("fleet TLS: cannot read %s file %s: %s" % (what, path, e.strerror or e)) from None
+
+
+def _ssl_reason(e: BaseException) -> str:
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)

@@ -395,7 +395,7 @@ def test_auth(tmp_path, monkeypatch):
         with pytest.raises(hostlock.FleetUnavailable, match="refused user 'ops'"):
             hostlock.Lock("db", fleet=url).acquire(timeout=1)
         monkeypatch.delenv("HOSTLOCK_FLEET_PASSWORD")
-        with pytest.raises(hostlock.FleetUnavailable, match="HOSTLOCK_FLEET_PASSWORD"):
+        with pytest.raises(hostlock.FleetConfigError, match="HOSTLOCK_FLEET_PASSWORD"):
             hostlock.status("db", fleet=url)
     finally:
         member.stop()
@@ -451,7 +451,7 @@ def test_tls_with_client_certificates(tmp_path):
             hostlock.status("db", fleet="etcds://%s" % endpoint)
         with pytest.raises(hostlock.FleetUnavailable, match=endpoint):
             hostlock.status("db", fleet="etcds://%s?cacert=%s" % (endpoint, pki["ca.pem"]))
-        with pytest.raises(hostlock.FleetUnavailable, match=endpoint):
+        with pytest.raises(hostlock.FleetConfigError, match="%s speaks TLS: use etcds://" % endpoint):
             hostlock.Lock("db", fleet="etcd://%s" % endpoint).acquire(timeout=0)  # plain HTTP to a TLS port
     finally:
         member.stop()

@@ -1,0 +1,483 @@
+"""The fleet transport on real etcd (issue 24, items 5, 6, 8): credentials, configuration mistakes, the lean
+HTTP client, on every interpreter the library supports (3.8-3.13).
+
+Members are started once per module: a plain one, a TLS one that wants a client certificate (a throwaway CA
+made with openssl), one with authentication on, and a 3-member cluster. "Fails at once" is shown without a
+clock: the command is given a long wait (-w 30s) and must end with the configuration exit code (78) and its
+one line, where a retried mistake would end with 76 after the wait; the subprocess timeout only bounds a
+hang. Nothing asserts a duration.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import fleet_etcd
+import pytest
+
+from hostlock import _etcd, _fleet
+
+LIB = Path(__file__).resolve().parents[3] / "lib"
+VERSIONS = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
+SECRET = "s3cret-Pa55/w@rd"  # '/' and '@' inside: the URL masking must not stop at either
+GUARD = 120  # bounds a hang only
+
+
+def interpreter(version: str) -> str | None:
+    found = sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    found += [p for p in (f"/usr/bin/python{version}",) if os.path.exists(p)]
+    return found[-1] if found else None
+
+
+def launcher(directory: Path, python: str) -> str:
+    """`#!PYTHON -IS` and the library's directory: the cli role's way, no site-packages."""
+    path = directory / ("hostlock-" + os.path.basename(python))
+    path.write_text(f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
+                    "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def make_pki(d: Path) -> dict:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate (Python 3.13's strict checks)."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=str(d), check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=hostlock transport CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", "ca.key", "-out", "ca.pem")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n"
+                               "keyUsage=critical,digitalSignature,keyEncipherment\n"
+                               "authorityKeyIdentifier=keyid,issuer\nsubjectKeyIdentifier=hash\n")
+    for who in ("server", "client"):
+        ssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=%s" % who, "-keyout", who + ".key",
+            "-out", who + ".csr")
+        ssl("x509", "-req", "-in", who + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "san.cnf", "-out", who + ".pem")
+    # Another CA, which signed nothing here: "the wrong CA".
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=another CA",
+        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        "-keyout", "other.key", "-out", "other.pem")
+    for name in os.listdir(str(d)):
+        os.chmod(str(d / name), 0o644)  # readable by uid 65534 too, unless a test says otherwise
+    return {k: str(d / k) for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key",
+                                    "other.pem")}
+
+
+class Members:
+    """The module's etcd members and the URLs that reach them."""
+
+    plain: fleet_etcd.Etcd
+    tls: fleet_etcd.Etcd
+    auth: fleet_etcd.Etcd
+    cluster: fleet_etcd.Cluster
+    pki: dict
+    tmp: Path
+
+    @property
+    def tls_url(self) -> str:
+        p = self.pki
+        return "etcds://%s?cacert=%s&cert=%s&key=%s" % (self.tls.endpoint, p["ca.pem"], p["client.pem"],
+                                                        p["client.key"])
+
+
+@pytest.fixture(scope="module")
+def members():
+    if not fleet_etcd.have_etcd() or not shutil.which("openssl"):
+        pytest.skip("etcd/etcdctl or openssl not installed (make test-fleet installs etcd)")
+    m = Members()
+    # Not under pytest's 0700 base: uid 65534 runs the launcher and opens files here.
+    m.tmp = Path(tempfile.mkdtemp(prefix="hostlock-transport-"))
+    os.chmod(str(m.tmp), 0o755)
+    pki_dir = m.tmp / "pki"
+    pki_dir.mkdir(mode=0o755)
+    m.pki = make_pki(pki_dir)
+    started: list = []
+    try:
+        m.plain = fleet_etcd.start_etcd(str(m.tmp), "plain")
+        started.append(m.plain)
+        client, peer = fleet_etcd.free_port(), fleet_etcd.free_port()
+        endpoint = "127.0.0.1:%d" % client
+        m.tls = fleet_etcd.Etcd("tls", str(m.tmp / "tls.data"), client, peer, "tls=http://127.0.0.1:%d" % peer,
+                                extra=["--listen-client-urls", "https://" + endpoint,
+                                       "--advertise-client-urls", "https://" + endpoint,
+                                       "--cert-file", m.pki["server.pem"], "--key-file", m.pki["server.key"],
+                                       "--client-cert-auth", "--trusted-ca-file", m.pki["ca.pem"]])
+        m.tls.start()
+        started.append(m.tls)
+        tls = ("--cacert", m.pki["ca.pem"], "--cert", m.pki["client.pem"], "--key", m.pki["client.key"])
+        _until(lambda: m.tls.etcdctl(*tls, "endpoint", "health").returncode == 0, "the TLS member")
+        m.auth = fleet_etcd.start_etcd(str(m.tmp), "auth")
+        started.append(m.auth)
+        for args in (("user", "add", "root:rootpw"), ("user", "add", "ops:" + SECRET), ("role", "add", "locks"),
+                     ("role", "grant-permission", "locks", "--prefix=true", "readwrite", "hostlock/"),
+                     ("user", "grant-role", "ops", "locks"), ("auth", "enable")):
+            r = m.auth.etcdctl(*args)
+            assert r.returncode == 0, r.stderr
+        cdir = m.tmp / "cluster"
+        cdir.mkdir()
+        m.cluster = fleet_etcd.start_cluster(str(cdir), 3)
+        started.append(m.cluster)
+        yield m
+    finally:
+        for s in started:
+            s.stop()
+        shutil.rmtree(str(m.tmp), ignore_errors=True)
+
+
+def _until(cond, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def hl(members):
+    """The command on this interpreter, the role's way."""
+    return launcher(members.tmp, os.path.realpath(sys.executable))
+
+
+def run(hl: str, *args: str, env: dict | None = None, user: int | None = None) -> subprocess.CompletedProcess:
+    base = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+    argv = [hl, *args]
+    if user is not None:
+        argv = ["setpriv", "--reuid=%d" % user, "--regid=%d" % user, "--clear-groups", *argv]
+    return subprocess.run(argv, env=dict(base, **(env or {})), capture_output=True, text=True, timeout=GUARD,
+                          check=False)
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def password_file(members: Members, name: str, mode: int = 0o600, text: str = SECRET + "\n") -> str:
+    path = members.tmp / name
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, text.encode())
+    os.close(fd)
+    os.chmod(str(path), mode)
+    return str(path)
+
+
+# -- the lean client on every interpreter ------------------------------------------------------------------
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_transport_on(version, members):
+    """Plain, TLS with client certificates, authentication, a cluster; the scheme and file mistakes: all on
+    each interpreter (the lean HTTP client's framing, ssl's errors and probes differ between versions)."""
+    python = interpreter(version)
+    if python is None:
+        pytest.skip("no Python %s on this machine" % version)
+    hl = launcher(members.tmp, python)
+    job = 'echo "fence=$HOSTLOCK_FENCE pw=${HOSTLOCK_FLEET_PASSWORD-unset}"'
+    for url in (members.plain.url, members.tls_url, members.cluster.url):
+        r = run(hl, "run", "--fleet", url, "-w", "30s", "t-" + version, "-c", job)
+        assert r.returncode == 0 and r.stdout.startswith("fence=") and r.stderr == "", (url, r)
+    pw = password_file(members, "pw-" + version)
+    r = run(hl, "run", "--fleet", "etcd://ops@" + members.auth.endpoint, "--fleet-password-file", pw,
+            "t-" + version, "-c", job)
+    assert (r.returncode, r.stderr) == (0, "") and r.stdout.endswith(" pw=unset\n"), r
+    r = run(hl, "run", "--fleet", "etcd://ops@" + members.auth.endpoint, "t-" + version, "-c", job,
+            env={"HOSTLOCK_FLEET_PASSWORD": SECRET})
+    assert (r.returncode, r.stderr) == (0, "") and r.stdout.endswith(" pw=unset\n"), r
+    # Mistakes: one line naming the scheme or the file, exit 78, although the wait was long.
+    r = run(hl, "run", "--fleet", "etcd://" + members.tls.endpoint, "-w", "30s", "t", "true")
+    assert r.returncode == 78 and "speaks TLS: use etcds://" in one_line(r), r
+    r = run(hl, "run", "--fleet", "etcds://%s?cacert=%s" % (members.plain.endpoint, members.pki["ca.pem"]),
+            "-w", "30s", "t", "true")
+    assert r.returncode == 78 and "speaks plain HTTP, not TLS: use etcd://" in one_line(r), r
+    missing = str(members.tmp / "no-such-ca.pem")
+    r = run(hl, "run", "--fleet", "etcds://%s?cacert=%s" % (members.tls.endpoint, missing), "-w", "30s", "t",
+            "true")
+    assert r.returncode == 78 and "cacert file %s" % missing in one_line(r), r
+
+
+# -- configuration mistakes fail at once -------------------------------------------------------------------
+@pytest.mark.parametrize("which", ["cacert", "cert", "key"])
+def test_a_missing_tls_file_is_78_naming_it(which, members, hl):
+    files = {"cacert": members.pki["ca.pem"], "cert": members.pki["client.pem"], "key": members.pki["client.key"]}
+    files[which] = str(members.tmp / ("missing-" + which))
+    url = "etcds://%s?%s" % (members.tls.endpoint, "&".join("%s=%s" % kv for kv in files.items()))
+    r = run(hl, "run", "--fleet", url, "-w", "30s", "t", "true")
+    assert r.returncode == 78, r
+    assert "cannot read %s file %s: No such file or directory" % (which, files[which]) in one_line(r)
+
+
+def test_an_unreadable_key_and_a_file_that_is_not_pem_are_78_naming_them(members, hl):
+    key = members.tmp / "private.key"
+    shutil.copy(members.pki["client.key"], str(key))
+    os.chmod(str(key), 0o600)  # root's; uid 65534 cannot read it
+    url = "etcds://%s?cacert=%s&cert=%s&key=%s" % (members.tls.endpoint, members.pki["ca.pem"],
+                                                   members.pki["client.pem"], key)
+    r = run(hl, "run", "--fleet", url, "-w", "30s", "t", "true", user=65534)
+    assert r.returncode == 78 and "cannot read key file %s: Permission denied" % key in one_line(r), r
+    not_pem = members.tmp / "not.pem"
+    not_pem.write_text("hello\n")
+    os.chmod(str(not_pem), 0o644)
+    r = run(hl, "run", "--fleet", "etcds://%s?cacert=%s" % (members.tls.endpoint, not_pem), "-w", "30s", "t",
+            "true")
+    assert r.returncode == 78 and "cacert file %s holds no usable CA certificate" % not_pem in one_line(r), r
+    r = run(hl, "run", "--fleet", "etcds://%s?cacert=%s&cert=%s&key=%s" % (
+        members.tls.endpoint, members.pki["ca.pem"], members.pki["client.pem"], members.pki["server.key"]),
+        "-w", "30s", "t", "true")
+    assert r.returncode == 78 and "are not a certificate and its private key" in one_line(r), r
+
+
+def test_the_wrong_scheme_on_a_cluster_is_78(members, hl):
+    cluster = members.cluster
+    url = "etcds://%s?cacert=%s" % (cluster.endpoints, members.pki["ca.pem"])
+    r = run(hl, "run", "--fleet", url, "-w", "30s", "t", "true")
+    assert r.returncode == 78 and "speaks plain HTTP, not TLS: use etcd://" in one_line(r), r
+    r = run(hl, "status", "--fleet", "etcd://%s" % members.tls.endpoint, "t")
+    assert r.returncode == 78 and "speaks TLS: use etcds://" in one_line(r), r
+
+
+def test_the_wrong_ca_and_the_wrong_password_are_76_at_once(members, hl):
+    url = "etcds://%s?cacert=%s&cert=%s&key=%s" % (members.tls.endpoint, members.pki["other.pem"],
+                                                   members.pki["client.pem"], members.pki["client.key"])
+    r = run(hl, "run", "--fleet", url, "-w", "30s", "t", "true")
+    assert r.returncode == 76 and "certificate verify failed" in one_line(r), r
+    wrong = password_file(members, "wrong-pw", text="not-the-password\n")
+    r = run(hl, "run", "--fleet", "etcd://ops@" + members.auth.endpoint, "--fleet-password-file", wrong,
+            "-w", "30s", "t", "true")
+    assert r.returncode == 76 and "refused user 'ops'" in one_line(r), r
+    assert "not-the-password" not in r.stderr + r.stdout
+
+
+def test_a_transient_failure_is_still_retried_within_the_wait(members, hl, proxy_to):
+    """A member that accepts and says nothing (a black hole), healed while the command waits: it gets
+    the lock, never a configuration error."""
+    proxy = proxy_to(members.plain.endpoint)
+    proxy.cut()
+    p = subprocess.Popen([hl, "run", "--fleet", proxy.url, "-w", "60s", "t", "-c", "echo got it"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={"PATH": "/usr/bin:/bin"})
+    _until(lambda: len(proxy._conns) > 0, "the command to reach the black hole")
+    proxy.heal()
+    out, err = p.communicate(timeout=GUARD)
+    assert (p.returncode, out, err) == (0, "got it\n", ""), err
+
+
+# -- credentials -------------------------------------------------------------------------------------------
+def test_the_password_never_reaches_the_job(members, hl):
+    """$HOSTLOCK_FLEET_PASSWORD leaves the environment of run and cron (fleet or host lock): the job and
+    its children cannot read it, in their environment or in /proc/PID/environ."""
+    url = "etcd://ops@" + members.auth.endpoint
+    env = {"HOSTLOCK_FLEET_PASSWORD": SECRET, "HOSTLOCK_DIR": str(members.tmp)}
+    job = "env; cat /proc/$$/environ | tr '\\0' '\\n'"
+    for args in (("run", "--fleet", url, "j", "-c", job), ("cron", "--fleet", url, "--name", "j", "-v", "-c",
+                                                           job + "; exit 3"), ("run", "j", "-c", job)):
+        r = run(hl, *args, env=env)
+        assert r.returncode in (0, 3) and "HOSTLOCK_FLEET_PASSWORD" not in r.stdout + r.stderr, (args, r)
+        assert SECRET not in r.stdout + r.stderr, (args, r)
+    assert "HOSTLOCK_FENCE=" in run(hl, "run", "--fleet", url, "j", "-c", "env", env=env).stdout
+
+
+def test_a_password_file_is_used_and_its_path_may_be_inherited(members, hl):
+    pw = password_file(members, "pw-env")
+    url = "etcd://ops@" + members.auth.endpoint
+    r = run(hl, "run", "--fleet", url, "j", "-c", "env", env={"HOSTLOCK_FLEET_PASSWORD_FILE": pw})
+    assert r.returncode == 0 and "HOSTLOCK_FLEET_PASSWORD_FILE=%s\n" % pw in r.stdout and SECRET not in r.stdout
+    r = run(hl, "status", "--fleet", url, "j", env={"HOSTLOCK_FLEET_PASSWORD_FILE": pw})
+    assert r.returncode == 0, r
+    both = {"HOSTLOCK_FLEET_PASSWORD_FILE": pw, "HOSTLOCK_FLEET_PASSWORD": SECRET}
+    r = run(hl, "run", "--fleet", url, "j", "true", env=both)
+    assert r.returncode == 78 and "unset one" in one_line(r) and SECRET not in r.stderr, r
+    r = run(hl, "run", "--fleet", url, "--fleet-password-file", pw, "j", "true", env=both)  # the option wins
+    assert r.returncode == 0, r
+
+
+@pytest.mark.parametrize("case", ["group-readable", "other-readable", "group-writable", "symlink", "fifo",
+                                  "directory", "another-owner", "empty", "missing"])
+def test_a_password_file_others_could_read_or_replace_is_refused(case, members, hl):
+    name = "bad-" + case
+    path = str(members.tmp / name)
+    if case in ("group-readable", "other-readable", "group-writable"):
+        password_file(members, name, {"group-readable": 0o640, "other-readable": 0o604,
+                                      "group-writable": 0o620}[case])
+        why = "may be read or written by other users"
+    elif case == "symlink":
+        os.symlink(password_file(members, name + ".target"), path)
+        why = "is a symbolic link"
+    elif case == "fifo":
+        os.mkfifo(path, 0o600)  # an open() without O_NONBLOCK would hang here until a writer came
+        why = "is not a regular file"
+    elif case == "directory":
+        os.mkdir(path, 0o700)
+        why = "is not a regular file"
+    elif case == "another-owner":
+        password_file(members, name)
+        os.chown(path, 65534, 65534)
+        why = "belongs to uid 65534"
+    elif case == "empty":
+        password_file(members, name, text="\n")
+        why = "holds no password"
+    else:
+        why = "cannot be opened: No such file or directory"
+    r = run(hl, "run", "--fleet", "etcd://ops@" + members.auth.endpoint, "--fleet-password-file", path,
+            "-w", "30s", "t", "true")
+    line = one_line(r)
+    assert r.returncode == 78 and "fleet password file %s (--fleet-password-file) %s" % (path, why) in line, r
+    assert SECRET not in r.stderr + r.stdout
+    r = run(hl, "status", "--fleet", "etcd://ops@" + members.auth.endpoint, "t",
+            env={"HOSTLOCK_FLEET_PASSWORD_FILE": path})
+    assert r.returncode == 78 and "($HOSTLOCK_FLEET_PASSWORD_FILE) " + why in one_line(r), r
+
+
+def test_a_password_file_of_another_user_that_is_root_is_accepted_for_them(members, hl):
+    """uid 65534 with its own 0600 file logs in; a 0600 file of root's it cannot even open: refused, named."""
+    mine = members.tmp / "nobody-pw"
+    password_file(members, "nobody-pw")
+    os.chown(str(mine), 65534, 65534)
+    url = "etcd://ops@" + members.auth.endpoint
+    r = run(hl, "run", "--fleet", url, "--fleet-password-file", str(mine), "n", "true", user=65534)
+    assert (r.returncode, r.stderr) == (0, ""), r
+    roots = password_file(members, "root-pw")
+    r = run(hl, "run", "--fleet", url, "--fleet-password-file", roots, "n", "true", user=65534)
+    assert r.returncode == 78 and "cannot be opened: Permission denied" in one_line(r), r
+
+
+@pytest.mark.parametrize("url", ["etcd://ops:{pw}@{ep}", "etcd://ops:{pw}@{ep}/team", "etcx://ops:{pw}@{ep}",
+                                 "etcd://ops:{pw}@{ep}?cacert=/x", "etcd://ops:{pw}@{ep} x"])
+def test_a_password_in_the_url_is_refused_and_never_repeated(url, members, hl):
+    url = url.format(pw=SECRET, ep=members.auth.endpoint)
+    for args in (("run", "--fleet", url, "t", "true"), ("run", "--fleet", url, "--dir", "/tmp", "t", "true"),
+                 ("status", "--fleet", url, "t"), ("cron", "--fleet", url, "--", "true")):
+        r = run(hl, *args)
+        line = one_line(r)
+        assert r.returncode == 64 and "ops:***@" in line, (args, r)
+        assert SECRET not in line and "Pa55" not in line and "w@rd" not in line, (args, line)
+
+
+def test_mask():
+    assert _fleet.mask("etcd://ops:%s@h:1,h:2/p?cacert=/a@b" % SECRET) == "etcd://ops:***@h:1,h:2/p?cacert=/a@b"
+    assert _fleet.mask("etcd://ops@h:1") == "etcd://ops@h:1"
+    # A prefix with '@' after a port could be a password with '/' in it: hidden too (messages only).
+    assert _fleet.mask("etcd://h:1/p@x") == "etcd://h:***@x"
+    assert _fleet.mask("etcd://h:1/p") == "etcd://h:1/p"
+
+
+# -- the lean HTTP/1.1 client's framing --------------------------------------------------------------------
+def _serve(answer: bytes) -> socket.socket:
+    """A socket whose peer reads one request and sends `answer` (then closes)."""
+    a, b = socket.socketpair()
+
+    def peer() -> None:
+        with b:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += b.recv(4096)
+            b.sendall(answer)
+
+    threading.Thread(target=peer, daemon=True).start()
+    return a
+
+
+@pytest.mark.parametrize("answer, status, body, close", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\n{\"a\":1}", 200, b'{"a":1}', False),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\n{\"a\r\n4\r\n\":1}\r\n0\r\nX-T: 1\r\n\r\n",
+     200, b'{"a":1}', False),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}", 503, b"{}",
+     False),
+    (b"HTTP/1.0 200 OK\r\n\r\n{\"to\":\"close\"}", 200, b'{"to":"close"}', True),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 2\r\n\r\n{}", 200, b"{}", True),
+])
+def test_the_client_reads_every_framing_the_gateway_may_use(answer, status, body, close):
+    conn = _etcd._Conn(_serve(answer))
+    try:
+        assert conn.exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 10) == (status, body, close)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("answer, error", [
+    (b"", _etcd._Silent),  # closed before a word: the case the scheme probe looks at
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}", ConnectionResetError),  # cut in the middle
+    (b"\x15\x03\x03\x00\x02\x02\x46", _etcd._NotHTTP),  # a TLS alert is not HTTP: a URL mistake
+    (b"SSH-2.0-OpenSSH_9.2\r\n", _etcd._NotHTTP),
+])
+def test_the_client_refuses_what_is_not_a_whole_answer(answer, error):
+    """Never a half answer taken for a whole one: the caller retries or diagnoses instead."""
+    conn = _etcd._Conn(_serve(answer))
+    try:
+        with pytest.raises(error):
+            conn.exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 10)
+    finally:
+        conn.close()
+
+
+def test_the_command_path_imports_only_what_it_needs(members, hl):
+    """What made `hostlock run --fleet` slow: http.client pulled in `email`, json and base64 `re`, socket
+    `enum`, str hosts the idna codec. None of them is on the command's path (ssl only for etcds://)."""
+    code = ("import sys; sys.path.append(%r); from hostlock.cli import main; rc = main(%r); "
+            "bad = [m for m in ('http.client', 'email', 'encodings.idna', 'ssl', 'urllib.parse', 'argparse', "
+            "'re', 'json', 'base64', 'socket', 'enum') if m in sys.modules]; print(bad); sys.exit(rc)"
+            % (str(LIB), ["run", "--fleet", members.plain.url, "imports", "true"]))
+    r = subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", code], capture_output=True, text=True,
+                       timeout=GUARD, check=False)
+    assert (r.returncode, r.stdout) == (0, "[]\n"), r
+
+
+@pytest.mark.parametrize("value", [{"key": "a2V5", "range_end": "AA==", "limit": 0, "keys_only": True},
+                                   {"compare": [{"target": "CREATE", "result": "EQUAL", "create_revision": "0"}],
+                                    "success": [{"request_put": {"key": "eA==", "lease": "7"}}], "x": None},
+                                   ["\u00e9\n\"\\", -1, False], {}, []])
+def test_the_json_codec_agrees_with_the_json_package(value):
+    import json
+
+    assert json.loads(_etcd.dumps(value)) == value
+    assert _etcd.loads(" " + json.dumps(value) + "\r\n") == value
+    for bad in ("", "{", "{} x", "nul", "[1,]"):
+        with pytest.raises(ValueError):
+            _etcd.loads(bad)
+
+
+class _Banner:
+    """A TCP service that is not etcd: it sends a banner (SSH's) on every connection, then closes."""
+
+    def __init__(self, banner: bytes) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.banner = banner
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _peer = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(self.banner)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_port_that_is_not_etcds_client_port_is_78_naming_it(members, hl):
+    """etcd's peer port (HTTP, but no /v3 gateway) and a service that does not speak HTTP at all: a
+    mistake in the URL, said at once, never waited out as if a member were down."""
+    peer = "127.0.0.1:%d" % members.plain.peer_port
+    r = run(hl, "run", "--fleet", "etcd://" + peer, "-w", "30s", "t", "true")
+    assert r.returncode == 78 and "member %s has no etcd v3 gateway (HTTP 404" % peer in one_line(r), r
+    ssh = _Banner(b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n")
+    try:
+        r = run(hl, "run", "--fleet", "etcd://" + ssh.endpoint, "-w", "30s", "t", "true")
+        assert r.returncode == 78, r
+        assert "member %s does not answer HTTP (it sent b'SSH-2.0-" % ssh.endpoint in one_line(r), r
+    finally:
+        ssh.close()
