@@ -88,7 +88,8 @@ def detach() -> bool:
     (SIGHUP, SIGCONT to the session) would end the work. On the local connection the module is in its
     worker's process group, which ansible-playbook signals (killpg) on Ctrl-C and SIGTERM. A new session
     is out of reach of both. Returns False where the caller leads its process group already (setsid(2)
-    refuses): the work child detaches anyway (see _child_main). Idempotent.
+    refuses): the work child detaches anyway (see _child_main). Idempotent. The module calls it first,
+    before it waits: a controller's Ctrl-C then ends a wait by closing our stdout (ControllerGone).
     """
     if _DETACHED:
         return _DETACHED[0]
@@ -339,7 +340,6 @@ def run_payload(payload: bytes, interpreter: str | None = None) -> tuple[dict, i
     A module that ends normally may leave daemons behind on purpose; those are not waited for.
     """
     interpreter = interpreter or sys.executable
-    detach()
     parent = os.getpid()
     got: list = []
     adopting = _become_subreaper()
@@ -429,7 +429,6 @@ def run_locked(
     waits for the result any more) before anything runs.
     The returned result's "hostlock" key carries waited/held seconds (measured here, on the host).
     """
-    detach()  # before waiting too: a controller's Ctrl-C then ends the wait by closing our stdout (ControllerGone)
     waited = acquire(lock, timeout, holders_of, marker)
     held_from = time.monotonic()
     try:

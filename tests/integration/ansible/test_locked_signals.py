@@ -139,7 +139,9 @@ def test_locked_table_cell(ansible, engine, tmp_path, conn, pipelining, how, pha
             work_pid = _wait_for(lambda: next((e[1] for e in _events(events) if e[0] == "in"), 0),
                                  "the wrapped work to start")
         else:
-            _wait_for(lambda: _marked(cell), "the locked task to wait on the host")
+            # waiting for the lock: its runner is in the lock's queue (a process alone may still read its module)
+            _wait_for(lambda: _marked(cell) and engine.status(cell, directory=str(ansible.lockdir)).waiters > 0,
+                      "the locked task to wait for the lock on the host")
             assert not [e for e in _events(events) if e[0] == "in"], "the task ran while the lock was held"
         _strike(proc, how, server)
         proc.communicate(timeout=120)
