@@ -102,6 +102,8 @@ def path_params_error(p: dict) -> str | None:
     """What a `path:` lock cannot do (flock(2) on a file: no slots, no lock directory, no fleet), or None."""
     if not p.get("path"):
         return None
+    if not str(p["path"]).startswith("/"):
+        return f"path must be absolute (got {p['path']!r}): a module's working directory is Ansible's"
     if p.get("fleet"):
         return "path (a kernel lock on a file of the host) and fleet (a lock in etcd) exclude each other"
     if p.get("directory"):

@@ -343,9 +343,9 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     describe_holders,
     engine_message,
+    live_holders,
     path_holder_dicts,
     path_params_error,
-    live_holders,
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
@@ -463,10 +463,9 @@ def main() -> None:
     except LockTimeout as e:
         holders = path_holder_dicts(p["path"]) if p["path"] else [h.as_dict() for h in e.holders]
         info.update(event="conflict", holders=holders, waited=timeout)
-        where = "" if p["path"] else f" in {lock.directory}"
+        where, see = ("", f"--path {name}") if p["path"] else (f" in {lock.directory}", name)
         msg = (f"lock {name}{where} is still held after {timeout}s by "
-               f"{describe_holders(live_holders(holders))} (see: hostlock status {'--path ' if p['path'] else ''}{name}); "
-               f"{wrapped} did not run")
+               f"{describe_holders(live_holders(holders))} (see: hostlock status {see}); {wrapped} did not run")
         if p["on_conflict"] == "skip":
             module.exit_json(skipped=True, changed=False, msg=msg, **{RESULT_KEY: info})
         module.fail_json(msg=msg, **{RESULT_KEY: info})

@@ -148,7 +148,10 @@ def test_signals_are_forwarded_and_the_work_is_waited_for():
 def test_the_work_runs_in_a_session_of_its_own(forked):
     """The wrapped module leads a new session: a hangup of the runner's terminal (ssh -tt) or a signal to
     the runner's process group (ansible-core's workers, Ctrl-C) cannot reach it; only the runner forwards."""
-    payload = b"import json, os\nos.write(1, json.dumps({'sid': os.getsid(0), 'pid': os.getpid(), 'pgid': os.getpgid(0)}).encode())\n"
+    payload = (
+        b"import json, os\n"
+        b"os.write(1, json.dumps({'sid': os.getsid(0), 'pid': os.getpid(), 'pgid': os.getpgid(0)}).encode())\n"
+    )
     if forked:
         payload += b"# _ansiballz_main\n"  # the runner forks payloads of AnsiballZ's shape
     result, pid = run_payload(payload)
