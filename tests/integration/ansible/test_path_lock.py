@@ -201,6 +201,19 @@ def test_lock_path_lease_excludes_flock_jobs(ansible, tmp_path, target):
         path: relative.lock
         lease: 60
       ignore_errors: true
+    - name: A lock directory that cannot be made
+      hostlock.core.lock:
+        name: x
+        directory: {tmp_path}/missing/deeper/locks
+        lease: 60
+      ignore_errors: true
+    - name: A locked directory that cannot be made
+      hostlock.core.locked:
+        name: x
+        directory: {tmp_path}/missing/deeper/locks
+        task:
+          ansible.builtin.command: 'true'
+      ignore_errors: true
     - name: Locked with slots on a path
       hostlock.core.locked:
         path: {lockfile}
@@ -244,5 +257,8 @@ def test_lock_path_lease_excludes_flock_jobs(ansible, tmp_path, target):
     assert "slots does not apply to a path lock" in r["Slots on a path"]["msg"], r["Slots on a path"]
     assert "path must be absolute" in r["A relative path"]["msg"], r["A relative path"]
     assert "slots does not apply to a path lock" in r["Locked with slots on a path"]["msg"]
+    for task in ("A lock directory that cannot be made", "A locked directory that cannot be made"):
+        msg = r[task]["msg"]  # the module's users set its directory: option, not the command's HOSTLOCK_DIR
+        assert r[task]["_status"] == "failed" and "directory: option" in msg and "HOSTLOCK_DIR" not in msg, msg
     assert _flock_n(lockfile) == 0
 
