@@ -39,6 +39,7 @@ import typing as t
 from typing import Any
 
 from .hostlock import Lock, LockTimeout
+from .hostlock._pathlock import PathLock
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -150,7 +151,7 @@ def controller_gone(fd: int = 1) -> bool:
 
 
 def acquire(
-    lock: Lock,
+    lock: Lock | PathLock,
     timeout: float | None,
     holders_of: object = None,
     marker: str | None = None,
@@ -415,7 +416,7 @@ def parse_result(out: bytes, err: bytes, rc: int | None) -> dict:
 
 
 def run_locked(
-    lock: Lock,
+    lock: Lock | PathLock,
     payload: bytes,
     timeout: float | None = None,
     *,
