@@ -533,6 +533,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     ControllerGone,
     SelfWait,
     controller_gone,
+    detach,
     own_holders,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
@@ -686,15 +687,32 @@ class Task:
             try:
                 # in_flight: a lease that runs out waits for the processes carrying its environment mark
                 if self.path:  # the engine's lease on flock(1)'s lock on a file (hostlock._lease.hold(path=))
-                    return hold_path(self.name, lease=p["lease"], mode=p["mode"], timeout=step, in_flight=True,
-                                     path=self.path)
-                return hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"], directory=self.directory,
-                            timeout=step, label=p["label"], in_flight=True)
+                    token = hold_path(self.name, lease=p["lease"], mode=p["mode"], timeout=step, in_flight=True,
+                                      path=self.path)
+                else:
+                    token = hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"],
+                                 directory=self.directory, timeout=step, label=p["label"], in_flight=True)
             except LockTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
+            else:
+                if controller_gone():
+                    # Nobody will ever read the token, so nobody could release the lease: give it back now
+                    # rather than keep the lock for a whole lease (a controller Ctrl-C'd during our last slice).
+                    self.give_back(token)
+                    raise ControllerGone()
+                return token
             if controller_gone():
                 raise ControllerGone()
+
+    def give_back(self, token: str) -> None:
+        try:
+            if self.path:
+                release_path(self.name, token, path=self.path)
+            else:
+                release(self.name, token, directory=self.directory)
+        except HostlockError:  # gone already: nothing is held
+            pass
 
     def renew(self) -> dict:
         token_id = self.token_id()
@@ -821,6 +839,9 @@ def main() -> None:
     )
     check_params(module)
     name = module.params["name"] or module.params["path"]
+    # Out of reach of the controller's signals and of the `ssh -tt` terminal's hangup (see _runner.detach):
+    # a wait cut short by SIGHUP would leave the engine's holder to take the lease for nobody.
+    detach()
     try:
         task = Task(module)
         result = task.acquire() if module.params["state"] == "acquired" else task.release()

@@ -194,3 +194,45 @@ def test_locked_table_cell(ansible, engine, tmp_path, conn, pipelining, how, pha
                 p.wait()
         if server is not None:
             server.stop(sessions=True)
+
+
+LEASE_CELLS = [(conn, pipelining, how) for conn in ("local", "ssh") for pipelining in ("off", "on")
+               for how in ("ctrl-c", "sigterm")]
+
+
+@pytest.mark.parametrize("conn,pipelining,how", LEASE_CELLS, ids=["-".join(c) for c in LEASE_CELLS])
+def test_lock_lease_task_killed_mid_wait_leaves_no_lease(ansible, engine, tmp_path, conn, pipelining, how):
+    """hostlock.core.lock waiting for a lock when its controller is Ctrl-C'd or SIGTERMed, and the lock
+    comes free right then: the lease its waiting slice may still take is given back at once, not kept
+    for its whole lease (600 s here) with nobody to release it."""
+    cell = f"lease-{conn}-{pipelining}-{how}"
+    events, hold_gate = tmp_path / "events", tmp_path / "hold-gate"
+    holder = subprocess.Popen([*hostlock_cli(), "run", "-d", str(ansible.lockdir), cell, "sh", "-c",
+                               HOLDER.format(events=events, gate=hold_gate)])
+    proc = None
+    try:
+        _wait_for(lambda: [e for e in _events(events) if e[0] == "held"], "the host job to hold the lock")
+        playbook = ansible.work / f"{cell}.yml"
+        playbook.write_text(
+            f"- hosts: {'loc' if conn == 'local' else 'ssh1'}\n  gather_facts: false\n  tasks:\n"
+            "    - name: Take a lease, waiting\n"
+            f"      environment:\n        HOSTLOCK_TEST_CELL: {cell}\n"
+            "      hostlock.core.lock:\n"
+            f"        name: {cell}\n        directory: '{{{{ lockdir }}}}'\n        lease: 600\n"
+        )
+        proc = ansible.popen(str(playbook), ANSIBLE_PIPELINING="True" if pipelining == "on" else "False")
+        _wait_for(lambda: _marked(cell) and engine.status(cell, directory=str(ansible.lockdir)).waiters > 0,
+                  "the lock task to wait for the lock on the host")
+        _strike(proc, how, None)
+        hold_gate.touch()  # the lock comes free while the task's last waiting slice may still run
+        proc.communicate(timeout=120)
+        assert holder.wait(timeout=60) == 0
+        # the module, and any lease holder it started, end: nobody is left to release a lease later
+        _wait_for(lambda: not _marked(cell), "the lock task and its lease holder to end")
+        assert not _live(engine, ansible, cell), f"{cell}: a lease outlived the task that took it"
+    finally:
+        hold_gate.touch()
+        for p in (proc, holder):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
