@@ -28,14 +28,14 @@ options:
       - The lock's name, shared by everyone who locks the same thing on this host
         (for example V(apt), V(deploy-myapp)).
       - 1 to 100 characters from C([A-Za-z0-9._+@-]), not starting with C(.), C(+), C(@) or C(-).
-      - A named lock is hostlock's own (the files and records of its directory): C(hostlock run NAME) jobs
-        share it, C(flock(1)) on some file does not. Use O(path) for that.
+      - A named lock is hostlock's own (files and records in its directory), shared with
+        C(hostlock run NAME) jobs; C(flock(1)) on some file does not see it. Use O(path) for that.
       - Exactly one of O(name) and O(path) is required.
     type: str
   path:
     description:
       - Instead of a named lock, the kernel lock C(flock(1)) takes on this file of the host (as do
-        C(hostlock flock FILE) and C(hostlock run --path FILE)): C(flock(2)) on the file, created if
+        C(hostlock flock FILE) and C(hostlock run --path FILE)), that is C(flock(2)) on the file, created if
         missing (never truncated or written). The lease holder keeps it, so the host's C(flock FILE ...)
         scripts wait for the lease, and the task waits for them.
       - An absolute path; its directory must exist. A FIFO, or a symlink another user planted in a sticky
@@ -247,6 +247,19 @@ EXAMPLES = r"""
     token: "{{ backup_lock.token }}"
   when: backup_lock is not skipped
 
+- name: Take the lock a flock(1) cron line uses (flock -n /tmp/hostlock-example-rotate.lock rotate.sh)
+  hostlock.core.lock:
+    path: /tmp/hostlock-example-rotate.lock
+    lease: 300
+    timeout: 60
+  register: rotate_lock
+
+- name: Give the file's lock back
+  hostlock.core.lock:
+    path: /tmp/hostlock-example-rotate.lock
+    state: released
+    token: "{{ rotate_lock.token }}"
+
 - name: Take one of four slots of a semaphore, shared by the host's cron jobs
   hostlock.core.lock:
     name: heavy-io
@@ -295,8 +308,10 @@ fleet:
   type: str
   sample: etcd://10.0.0.5:2379
 path:
-  description: The fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
-  returned: with O(fleet)
+  description:
+    - With O(path), the file whose kernel lock was taken (O(path) as given).
+    - With O(fleet), the fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
+  returned: with O(path) or O(fleet)
   type: str
   sample: etcd://10.0.0.5:2379/hostlock/deploy/
 fence:

@@ -40,14 +40,14 @@ options:
     description:
       - The lock's name, the one the host's jobs use too (for example V(apt)).
       - 1 to 100 characters from C([A-Za-z0-9._+@-]), not starting with C(.), C(+), C(@) or C(-).
-      - A named lock is hostlock's own (its directory's files and records): C(hostlock run NAME) jobs share
-        it, C(flock(1)) on some file does not. Use O(path) for that.
+      - A named lock is hostlock's own (files and records in its directory), shared with
+        C(hostlock run NAME) jobs; C(flock(1)) on some file does not see it. Use O(path) for that.
       - Exactly one of O(name) and O(path) is required.
     type: str
   path:
     description:
       - Instead of a named lock, the kernel lock C(flock(1)) takes on this file of the host (and
-        C(hostlock flock FILE), C(hostlock run --path FILE)): C(flock(2)) on the file, created if missing
+        C(hostlock flock FILE), C(hostlock run --path FILE)), that is C(flock(2)) on the file, created if missing
         (never truncated or written), so the task and the host's C(flock FILE ...) scripts exclude each other.
       - The file's directory must exist. A FIFO, or a symlink another user planted in a sticky
         world-writable directory (C(/tmp)), is refused.
@@ -208,6 +208,14 @@ EXAMPLES = r"""
         cmd: /bin/true
   changed_when: false
 
+- name: Run a step while no flock(1) job holds its file (cron - flock /tmp/hostlock-example-rotate.lock rotate.sh)
+  hostlock.core.locked:
+    path: /tmp/hostlock-example-rotate.lock
+    timeout: 10m
+    task:
+      ansible.builtin.command: /bin/true
+  changed_when: false
+
 - name: Change a config file that a cron job reads under the same lock
   hostlock.core.locked:
     name: app-config
@@ -311,9 +319,11 @@ hostlock:
       returned: with O(fleet)
       sample: etcd://10.0.0.5:2379
     path:
-      description: The fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
+      description:
+        - With O(path), the file whose kernel lock was taken.
+        - With O(fleet), the fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
       type: str
-      returned: with O(fleet)
+      returned: with O(path) or O(fleet)
       sample: etcd://10.0.0.5:2379/hostlock/web-restart/
     fence:
       description:

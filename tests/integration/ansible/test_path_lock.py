@@ -261,4 +261,3 @@ def test_lock_path_lease_excludes_flock_jobs(ansible, tmp_path, target):
         msg = r[task]["msg"]  # the module's users set its directory: option, not the command's HOSTLOCK_DIR
         assert r[task]["_status"] == "failed" and "directory: option" in msg and "HOSTLOCK_DIR" not in msg, msg
     assert _flock_n(lockfile) == 0
-
