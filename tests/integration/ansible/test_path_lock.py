@@ -184,6 +184,12 @@ def test_lock_path_lease_excludes_flock_jobs(ansible, tmp_path, target):
         path: {busyfile}
         lease: 60
       check_mode: true
+    - name: Locked in check mode on the busy file
+      hostlock.core.locked:
+        path: {busyfile}
+        task:
+          ansible.builtin.command: 'true'
+      check_mode: true
     - name: Name and path
       hostlock.core.lock:
         name: x
@@ -230,6 +236,11 @@ def test_lock_path_lease_excludes_flock_jobs(ansible, tmp_path, target):
         gates["released"].touch()
         _wait_for(lambda: "beat" in _events(events), "the heartbeat lease's step", proc=proc)
         assert _flock_n(lockfile) == 1, "flock -n got the file while the heartbeat lease holds it"
+        # Renewed, not just taken: 2.5 leases of 8 s later the file is still held (a renewal that missed
+        # the path would have let the lease run out). A lower bound on time, never an upper one.
+        started = _events(events)["beat"]
+        _wait_for(lambda: time.time() > started + 20, "two and a half leases to pass", limit=60, proc=proc)
+        assert _flock_n(lockfile) == 1, "the heartbeat lease on the file ran out: its renewals did not reach it"
         gates["beat"].touch()
         out = _finish(proc)
     finally:
@@ -253,6 +264,9 @@ def test_lock_path_lease_excludes_flock_jobs(ansible, tmp_path, target):
     assert f"hostlock status --path {busyfile}" in conflict["msg"], conflict
     check = r["Check mode on the busy file"]
     assert check["free"] is False and f"pid {busy.pid}" in check["msg"], check
+    checked = r["Locked in check mode on the busy file"]["hostlock"]
+    assert checked["free"] is False and checked["taken"] is False and checked["path"] == str(busyfile), checked
+    assert any(h["pid"] == busy.pid for h in checked["holders"]), checked
     assert "mutually exclusive" in r["Name and path"]["msg"], r["Name and path"]
     assert "slots does not apply to a path lock" in r["Slots on a path"]["msg"], r["Slots on a path"]
     assert "path must be absolute" in r["A relative path"]["msg"], r["A relative path"]
