@@ -41,6 +41,9 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         del tmp
         fleet = _fleet.fleet_of(self._task.args)
+        if fleet and self._task.args.get("path"):
+            return dict(result, failed=True, msg=f"lock {self._task.args.get('path')}: path (a kernel lock on a file "
+                        "of the host) and fleet (a lock in etcd) exclude each other; fleet: '' takes a host lock")
         if fleet and boolean(self._task.args.get("heartbeat"), strict=False):
             return dict(result, failed=True, msg=f"lock {self._task.args.get('name')}: heartbeat applies to host "
                         "leases; a fleet lease is kept alive by its own ttl")
@@ -62,9 +65,11 @@ class ActionModule(ActionBase):
             try:
                 result["heartbeat"] = self._start_heartbeat(args, result, task_vars or {})
             except OSError as e:  # no heartbeat: give the lease back rather than hold it unrenewed
+                which = {k: args[k] for k in ("name", "path") if args.get(k)}
                 self._execute_module(module_name=LOCK_MODULE, task_vars=task_vars, module_args=dict(
-                    name=args["name"], state="released", token=result["token"], directory=result.get("directory")))
-                return dict(failed=True, name=args["name"], msg=f"lock {args['name']}: cannot start the lease's "
+                    which, state="released", token=result["token"], directory=result.get("directory")))
+                shown = args.get("name") or args.get("path")
+                return dict(failed=True, name=shown, msg=f"lock {shown}: cannot start the lease's "
                             f"heartbeat on the control node ({e}); the lease was released")
         if result.get("hostlock", {}).get("event") == "renewed" and isinstance(args.get("token"), str):
             # The module masks values equal to its no_log parameter, so a renewal's `token` comes back as
@@ -103,7 +108,7 @@ class ActionModule(ActionBase):
         """Renew the lease from the control node until its release or the end of this run."""
         lease = float(result["lease"])
         renewal = {
-            "name": args["name"],
+            **{k: args[k] for k in ("name", "path") if args.get(k)},  # the one the lease was taken with
             "token": result["token"],
             "directory": result.get("directory") or args.get("directory"),
             "state": "acquired",

@@ -71,7 +71,9 @@ BLOCK_HINT = (
 )
 
 ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
+    name=dict(type="str"),
+    # a file on the managed host (flock(1)'s lock on it): str, the module expands it there
+    path=dict(type="str"),
     lease=dict(type="raw"),
     timeout=dict(type="raw"),
     mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
@@ -125,7 +127,9 @@ class ActionModule(ActionBase):
         del tmp
         task_vars = task_vars or {}
         # raises AnsibleActionFail naming the bad option; args are the validated, defaulted ones
-        _validation, args = self.validate_argument_spec(ARGUMENT_SPEC)
+        _validation, args = self.validate_argument_spec(
+            ARGUMENT_SPEC, mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")]
+        )
         for key in ("timeout", "lease"):
             if args[key] is not None:
                 try:
@@ -134,6 +138,11 @@ class ActionModule(ActionBase):
                     raise AnsibleActionFail(f"hostlock.core.locked: {e}") from None
         name, raw = split_task(args["task"])
         fleet = _fleet.fleet_of(args)
+        if fleet and args["path"]:
+            raise AnsibleActionFail(
+                "hostlock.core.locked: path (a kernel lock on a file of the host) and fleet (a lock in etcd) "
+                "exclude each other; fleet: '' takes a host lock when HOSTLOCK_FLEET is set"
+            )
         fqcn, module_args = self._resolve(name, parse_args(raw), controller_side=bool(fleet))
         if fleet:
             result.update(self._run_fleet(fleet, args, fqcn, module_args, task_vars))
@@ -150,7 +159,8 @@ class ActionModule(ActionBase):
                 "it cannot run under the host-side lock; lock it with hostlock.core.lock around it"
             )
         label = args["label"] or task_label(self._task, task_vars)
-        locked_args = {k: args[k] for k in ("name", "timeout", "mode", "slots", "directory", "on_conflict")}
+        locked_args = {k: args[k] for k in ("name", "path", "timeout", "mode", "slots", "directory", "on_conflict")}
+        locked_args = {k: v for k, v in locked_args.items() if v is not None or k not in ("name", "path")}
         locked_args.update(
             label=f"{label} {run_marker()}",
             task=dict(module=fqcn),

@@ -79,3 +79,57 @@ def would_acquire(holders: list, mode: str, slots: int) -> bool:
     if mode == "shared":
         return all(h.get("mode") == "shared" for h in live)
     return len(live) < max(1, int(slots))
+
+
+# The engine's messages address the command line (HOSTLOCK_DIR); a module's user sets `directory:`.
+_DIR_HINTS = (
+    ("point HOSTLOCK_DIR at a real directory", "give the module a real directory (its directory: option)"),
+    ("use a writable HOSTLOCK_DIR", "give the module a writable directory (its directory: option)"),
+    ("set HOSTLOCK_DIR", "set the module's directory: option"),
+    ("HOSTLOCK_DIR", "the module's directory: option"),
+)
+
+
+def engine_message(error: object) -> str:
+    """An engine error as one line for a module's `msg`, its hints naming the module's `directory:` option."""
+    text = " ".join(str(error).split())
+    for engine_words, module_words in _DIR_HINTS:
+        text = text.replace(engine_words, module_words)
+    return text
+
+
+def path_params_error(p: dict) -> str | None:
+    """What a `path:` lock cannot do (flock(2) on a file: no slots, no lock directory, no fleet), or None."""
+    if not p.get("path"):
+        return None
+    if not str(p["path"]).startswith("/"):
+        return f"path must be absolute (got {p['path']!r}): a module's working directory is Ansible's"
+    if p.get("fleet"):
+        return "path (a kernel lock on a file of the host) and fleet (a lock in etcd) exclude each other"
+    if p.get("directory"):
+        return "directory does not apply to a path lock (the file is the lock)"
+    if (p.get("slots") or 1) != 1:
+        return "slots does not apply to a path lock: flock(2) has no semaphores (use a named lock)"
+    return None
+
+
+def path_holder_dicts(path: str) -> list:
+    """Holders of the kernel locks on `path`'s file, read from /proc as `hostlock status --path` does, in the
+    shape of a named lock's holder records (pid, uid, cmdline, job_pid, job_cmdline, mode)."""
+    import os
+
+    from .hostlock import _proclocks
+
+    try:
+        st = os.stat(path)  # follows a symlink, as flock(1) does when it opens the path to lock it
+    except OSError:
+        return []  # no file, no lock on it
+    found = []
+    for lk in _proclocks.locks_on(st.st_dev, st.st_ino):
+        if lk.waiting:
+            continue
+        for h in lk.holders:
+            job = h.jobs[0] if h.jobs else (None, None)
+            found.append(dict(pid=h.pid, uid=h.uid, cmdline=h.cmdline, job_pid=job[0], job_cmdline=job[1],
+                              mode=lk.mode, mechanism=lk.kind))
+    return found

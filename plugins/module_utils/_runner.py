@@ -18,8 +18,11 @@ the module's JSON. The caller's process (the `locked` module on the host) is the
   happened: a failed module, SIGTERM/SIGINT/SIGHUP to the runner (forwarded to the child, then waited for);
 - the child gets PR_SET_PDEATHSIG=SIGKILL (Linux): a SIGKILLed runner takes its child with it, so work
   never goes on without the lock;
-- a controller that dies or a dropped SSH connection does not touch either process (no tty, no SIGHUP):
-  the work runs to its end under the lock, and the lock is freed when it ends. No lease is involved.
+- both leave the session and process group they were started in (`detach`): a controller that dies
+  (Ctrl-C, SIGTERM, SIGKILL), ansible-core's workers signalling their process groups, and a dropped SSH
+  connection (the hangup of the `ssh -tt` terminal Ansible uses without pipelining) reach neither, so the
+  work runs to its end under the lock, and the lock is freed when it ends. No lease is involved. Only a
+  signal sent to the runner's own pid (`kill PID`, `hostlock break --force`) is forwarded to the work.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import typing as t
 from typing import Any
 
 from .hostlock import Lock, LockTimeout
+from .hostlock._pathlock import PathLock
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -72,6 +76,38 @@ def _become_subreaper() -> bool:
     if _LIBC is None:
         return False
     return _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+_DETACHED: list = []
+
+
+def detach() -> bool:
+    """Leave the caller's session and process group for a new session without a controlling terminal.
+
+    Without pipelining Ansible's ssh connection runs modules under `ssh -tt`: the module is in the
+    terminal's session, and the hangup of that terminal when the controller or its connection goes
+    (SIGHUP, SIGCONT to the session) would end the work. On the local connection the module is in its
+    worker's process group, which ansible-playbook signals (killpg) on Ctrl-C and SIGTERM. A new session
+    is out of reach of both. Returns False where the caller leads its process group already (setsid(2)
+    refuses): the work child detaches anyway (see _child_main). Idempotent. The module calls it first,
+    before it waits: a controller's Ctrl-C then ends a wait by closing our stdout (ControllerGone).
+    """
+    if _DETACHED:
+        return _DETACHED[0]
+    try:
+        os.setsid()
+        _DETACHED.append(True)
+    except OSError:  # EPERM: a process group leader cannot start a session
+        _DETACHED.append(False)
+    return _DETACHED[0]
+
+
+def _new_session() -> None:  # pragma: no cover - runs in the forked child
+    """The work's own session: a signal to the runner's group or a hangup of a terminal never reaches it."""
+    try:
+        os.setsid()
+    except OSError:  # the runner could not detach either: still forwarded signals only, then
+        pass
 
 
 def _reap_all() -> None:
@@ -115,7 +151,7 @@ def controller_gone(fd: int = 1) -> bool:
 
 
 def acquire(
-    lock: Lock,
+    lock: Lock | PathLock,
     timeout: float | None,
     holders_of: object = None,
     marker: str | None = None,
@@ -196,6 +232,7 @@ def _child_main(payload: bytes, out_w: int, err_w: int, parent: int) -> None:  #
     try:
         for signum in FORWARDED:
             signal.signal(signum, signal.SIG_DFL)
+        _new_session()
         _die_with_parent(parent)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -320,6 +357,7 @@ def run_payload(payload: bytes, interpreter: str | None = None) -> tuple[dict, i
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509 - needed for PR_SET_PDEATHSIG
+            start_new_session=True,  # see _new_session
             close_fds=True,  # the lock's descriptors stay with us: a module's daemons never keep the lock
         )
 
@@ -378,7 +416,7 @@ def parse_result(out: bytes, err: bytes, rc: int | None) -> dict:
 
 
 def run_locked(
-    lock: Lock,
+    lock: Lock | PathLock,
     payload: bytes,
     timeout: float | None = None,
     *,

@@ -28,8 +28,25 @@ options:
       - The lock's name, shared by everyone who locks the same thing on this host
         (for example V(apt), V(deploy-myapp)).
       - 1 to 100 characters from C([A-Za-z0-9._+@-]), not starting with C(.), C(+), C(@) or C(-).
+      - A named lock is hostlock's own (files and records in its directory), shared with
+        C(hostlock run NAME) jobs; C(flock(1)) on some file does not see it. Use O(path) for that.
+      - Exactly one of O(name) and O(path) is required.
     type: str
-    required: true
+  path:
+    description:
+      - Instead of a named lock, the kernel lock C(flock(1)) takes on this file of the host (as do
+        C(hostlock flock FILE) and C(hostlock run --path FILE)), that is C(flock(2)) on the file, created if
+        missing (never truncated or written). The lease holder keeps it, so the host's C(flock FILE ...)
+        scripts wait for the lease, and the task waits for them.
+      - An absolute path; its directory must exist. A FIFO, or a symlink another user planted in a sticky
+        world-writable directory (C(/tmp)), is refused.
+      - O(mode), O(lease), O(heartbeat), O(token), O(timeout) apply as for a named lock (renew and release
+        with the same O(path) and the O(token)). O(slots), O(directory), O(fleet) and O(force) do not.
+      - Holders are read from C(/proc) (pid, command line, job), as C(hostlock status --path) shows them;
+        a path lock has no label, so a lock this same run holds on the path is waited for up to O(timeout)
+        like any other holder.
+    type: path
+    version_added: 0.2.0
   state:
     description:
       - V(acquired) takes the lock (waiting up to O(timeout)) and returns a RV(token). Given an
@@ -230,6 +247,19 @@ EXAMPLES = r"""
     token: "{{ backup_lock.token }}"
   when: backup_lock is not skipped
 
+- name: Take the lock a flock(1) cron line uses (flock -n /tmp/hostlock-example-rotate.lock rotate.sh)
+  hostlock.core.lock:
+    path: /tmp/hostlock-example-rotate.lock
+    lease: 300
+    timeout: 60
+  register: rotate_lock
+
+- name: Give the file's lock back
+  hostlock.core.lock:
+    path: /tmp/hostlock-example-rotate.lock
+    state: released
+    token: "{{ rotate_lock.token }}"
+
 - name: Take one of four slots of a semaphore, shared by the host's cron jobs
   hostlock.core.lock:
     name: heavy-io
@@ -278,8 +308,10 @@ fleet:
   type: str
   sample: etcd://10.0.0.5:2379
 path:
-  description: The fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
-  returned: with O(fleet)
+  description:
+    - With O(path), the file whose kernel lock was taken (O(path) as given).
+    - With O(fleet), the fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
+  returned: with O(path) or O(fleet)
   type: str
   sample: etcd://10.0.0.5:2379/hostlock/deploy/
 fence:
@@ -505,7 +537,10 @@ from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  #
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     describe_holders,
+    engine_message,
     live_holders,
+    path_holder_dicts,
+    path_params_error,
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
@@ -513,6 +548,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     ControllerGone,
     SelfWait,
     controller_gone,
+    detach,
     own_holders,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
@@ -526,10 +562,14 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     renew,
     status,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock._lease import hold as hold_path
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock._lease import in_flight_environment
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock._lease import release as release_path
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock._lease import renew as renew_path
 
 ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
+    name=dict(type="str"),
+    path=dict(type="path"),
     state=dict(type="str", choices=["acquired", "released"], default="acquired"),
     mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
     slots=dict(type="int", default=1),
@@ -547,7 +587,8 @@ ARGUMENT_SPEC = dict(
 # Also used by the action, which checks a fleet task on the controller with the same rules.
 # lease is required to acquire unless heartbeat=true defaults it: params_error says so (required_if cannot)
 REQUIRED_IF: list = []
-MUTUALLY_EXCLUSIVE = [("token", "force")]
+MUTUALLY_EXCLUSIVE = [("token", "force"), ("name", "path")]
+REQUIRED_ONE_OF = [("name", "path")]
 
 # The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
 RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
@@ -573,16 +614,23 @@ class Task:
     def __init__(self, module: AnsibleModule) -> None:
         self.module = module
         self.p = module.params
-        self.name: str = self.p["name"]
+        self.path: str | None = self.p["path"]
+        self.name: str = self.p["name"] or self.path
         self.directory: str | None = self.p["directory"]
         self.holders: list = []
-        self.resolved = ""
+        self.resolved: str | None = ""
         self.refresh()
 
     def refresh(self) -> list:
+        if self.path:  # flock(1)'s lock on a file: holders from /proc, no directory
+            self.holders, self.resolved = path_holder_dicts(self.path), None
+            return self.holders
         st = status(self.name, directory=self.directory)
         self.holders, self.resolved = [h.as_dict() for h in st.holders], st.directory
         return self.holders
+
+    def status_hint(self) -> str:
+        return f"hostlock status --path {self.path}" if self.path else f"hostlock status {self.name}"
 
     def token_id(self) -> str:
         # A token is "<token_id>.<secret>" (hostlock leases): the id is public, shown in holder records.
@@ -595,6 +643,8 @@ class Task:
         report = dict(name=self.name, event=event, waited=waited)
         report.update((k, extra[k]) for k in ("token_id", "lease_expires") if extra.get(k) is not None)
         out = dict(changed=changed, msg=msg, waited=waited, holders=self.holders, directory=self.resolved)
+        if self.path:
+            out["path"] = self.path
         out.setdefault("acquired", False)
         out.update(extra)
         out[RESULT_KEY] = report
@@ -623,9 +673,10 @@ class Task:
             raise Conflict(msg, self.result("self", False, msg, round(time.monotonic() - started, 3))) from None
         except LockTimeout as e:
             waited = round(time.monotonic() - started, 3)
-            self.holders = [h.as_dict() for h in e.holders]
-            msg = (f"lock {self.name} in {self.resolved} is still held after {waited}s by "
-                   f"{describe_holders(live_holders(self.holders))} (see: hostlock status {self.name})")
+            self.holders = path_holder_dicts(self.path) if self.path else [h.as_dict() for h in e.holders]
+            where = "" if self.path else f" in {self.resolved}"
+            msg = (f"lock {self.name}{where} is still held after {waited}s by "
+                   f"{describe_holders(live_holders(self.holders))} (see: {self.status_hint()})")
             raise Conflict(msg, self.result("conflict", False, msg, waited)) from e
         waited = round(time.monotonic() - started, 3)
         token_id = token.partition(".")[0]
@@ -650,13 +701,33 @@ class Task:
             step = SELF_CHECK_EVERY if left is None else min(left, SELF_CHECK_EVERY)
             try:
                 # in_flight: a lease that runs out waits for the processes carrying its environment mark
-                return hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"], directory=self.directory,
-                            timeout=step, label=p["label"], in_flight=True)
+                if self.path:  # the engine's lease on flock(1)'s lock on a file (hostlock._lease.hold(path=))
+                    token = hold_path(self.name, lease=p["lease"], mode=p["mode"], timeout=step, in_flight=True,
+                                      path=self.path)
+                else:
+                    token = hold(self.name, lease=p["lease"], mode=p["mode"], slots=p["slots"],
+                                 directory=self.directory, timeout=step, label=p["label"], in_flight=True)
             except LockTimeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
+            else:
+                if controller_gone():
+                    # Nobody will ever read the token, so nobody could release the lease: give it back now
+                    # rather than keep the lock for a whole lease (a controller Ctrl-C'd during our last slice).
+                    self.give_back(token)
+                    raise ControllerGone()
+                return token
             if controller_gone():
                 raise ControllerGone()
+
+    def give_back(self, token: str) -> None:
+        try:
+            if self.path:
+                release_path(self.name, token, path=self.path)
+            else:
+                release(self.name, token, directory=self.directory)
+        except HostlockError:  # gone already: nothing is held
+            pass
 
     def renew(self) -> dict:
         token_id = self.token_id()
@@ -665,7 +736,10 @@ class Task:
             return self.result("check", held, f"would renew the lease on {self.name}" if held else
                                f"the token holds no lease on {self.name}: a real run fails", token_id=token_id)
         try:
-            expires = renew(self.name, self.p["token"], lease=self.p["lease"], directory=self.directory)
+            if self.path:
+                expires = renew_path(self.name, self.p["token"], lease=self.p["lease"], path=self.path)
+            else:
+                expires = renew(self.name, self.p["token"], lease=self.p["lease"], directory=self.directory)
         except TokenError as e:
             raise HostlockError(f"cannot renew: {e}. The lock is not ours any more: take it again "
                                 f"(holders now: {describe_holders(live_holders(self.holders))})") from e
@@ -685,7 +759,10 @@ class Task:
             msg = f"would release the lease {token_id} on {self.name}" if mine else "the token holds no lease"
             return self.result("check", mine is not None, msg, released=[mine] if mine else [], token_id=token_id)
         try:
-            release(self.name, self.p["token"], directory=self.directory)
+            if self.path:
+                release_path(self.name, self.p["token"], path=self.path)
+            else:
+                release(self.name, self.p["token"], directory=self.directory)
         except TokenError as e:
             if getattr(e, "reason", "") in ("malformed", "refused"):
                 # a wrong secret for a live lease: the lock is NOT released, the task must say so
@@ -710,9 +787,16 @@ class Task:
         if not self.p["force"]:
             if not live:
                 return self.result("released", False, f"lock {self.name} is not held", released=[])
+            hint = "" if self.path else ", or force=true to break the lock"
             self.module.fail_json(msg=f"lock {self.name} is held by {describe_holders(live)}; pass the token "
-                                  "returned when it was acquired, or force=true to break the lock",
+                                  f"returned when it was acquired{hint}",
                                   holders=self.holders, directory=self.resolved)
+        if self.path:  # the kernel lock of a file: no record proves what its holders are, so nobody is ended
+            if not live:
+                return self.result("released", False, f"lock {self.name} is not held", released=[])
+            self.module.fail_json(msg=f"lock {self.name}: force=true breaks named locks only; the kernel lock on "
+                                  f"this file is held by {describe_holders(live)} (see: {self.status_hint()})",
+                                  holders=self.holders, path=self.path)
         if self.module.check_mode:
             return self.result("check", bool(live), f"would break lock {self.name} held by {describe_holders(live)}",
                                released=live)
@@ -724,6 +808,9 @@ class Task:
 
 def params_error(p: dict) -> str | None:
     """What is wrong with the options, or None; parses lease and timeout in place (the action checks the same)."""
+    error = path_params_error(p)
+    if error:
+        return error
     if p["slots"] < 1:
         return f"slots must be 1 or more (got {p['slots']})"
     if p["slots"] > 1 and p["mode"] != "exclusive":
@@ -762,10 +849,14 @@ def main() -> None:
         argument_spec=ARGUMENT_SPEC,
         required_if=REQUIRED_IF,
         mutually_exclusive=MUTUALLY_EXCLUSIVE,
+        required_one_of=REQUIRED_ONE_OF,
         supports_check_mode=True,
     )
     check_params(module)
-    name = module.params["name"]
+    name = module.params["name"] or module.params["path"]
+    # Out of reach of the controller's signals and of the `ssh -tt` terminal's hangup (see _runner.detach):
+    # a wait cut short by SIGHUP would leave the engine's holder to take the lease for nobody.
+    detach()
     try:
         task = Task(module)
         result = task.acquire() if module.params["state"] == "acquired" else task.release()
@@ -776,7 +867,7 @@ def main() -> None:
             module.exit_json(skipped=True, name=name, **e.result)
         module.fail_json(name=name, **e.result)
     except (HostlockError, ValueError) as e:
-        module.fail_json(msg=f"lock {name}: {e}", name=name, directory=getattr(e, "directory", None))
+        module.fail_json(msg=f"lock {name}: {engine_message(e)}", name=name, directory=getattr(e, "directory", None))
     module.exit_json(name=name, **result)
 
 

@@ -40,8 +40,22 @@ options:
     description:
       - The lock's name, the one the host's jobs use too (for example V(apt)).
       - 1 to 100 characters from C([A-Za-z0-9._+@-]), not starting with C(.), C(+), C(@) or C(-).
+      - A named lock is hostlock's own (files and records in its directory), shared with
+        C(hostlock run NAME) jobs; C(flock(1)) on some file does not see it. Use O(path) for that.
+      - Exactly one of O(name) and O(path) is required.
     type: str
-    required: true
+  path:
+    description:
+      - Instead of a named lock, the kernel lock C(flock(1)) takes on this file of the host (and
+        C(hostlock flock FILE), C(hostlock run --path FILE)), that is C(flock(2)) on the file, created if missing
+        (never truncated or written), so the task and the host's C(flock FILE ...) scripts exclude each other.
+      - The file's directory must exist. A FIFO, or a symlink another user planted in a sticky
+        world-writable directory (C(/tmp)), is refused.
+      - O(mode) applies (C(flock -s)); O(slots), O(directory) and O(fleet) do not. Holders are read from
+        C(/proc) (pid, command line, job), as C(hostlock status --path) shows them; a path lock has no
+        label, so a task waiting for a path lock its own run holds waits up to O(timeout).
+    type: path
+    version_added: 0.2.0
   lease:
     description:
       - Not needed any more and ignored (the lock lives as long as the wrapped module); accepted so
@@ -194,6 +208,14 @@ EXAMPLES = r"""
         cmd: /bin/true
   changed_when: false
 
+- name: Run a step while no flock(1) job holds its file (cron - flock /tmp/hostlock-example-rotate.lock rotate.sh)
+  hostlock.core.locked:
+    path: /tmp/hostlock-example-rotate.lock
+    timeout: 10m
+    task:
+      ansible.builtin.command: /bin/true
+  changed_when: false
+
 - name: Change a config file that a cron job reads under the same lock
   hostlock.core.locked:
     name: app-config
@@ -297,9 +319,11 @@ hostlock:
       returned: with O(fleet)
       sample: etcd://10.0.0.5:2379
     path:
-      description: The fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
+      description:
+        - With O(path), the file whose kernel lock was taken.
+        - With O(fleet), the fleet lock's etcd key prefix, as C(hostlock status --fleet) shows it.
       type: str
-      returned: with O(fleet)
+      returned: with O(path) or O(fleet)
       sample: etcd://10.0.0.5:2379/hostlock/web-restart/
     fence:
       description:
@@ -328,12 +352,16 @@ from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  #
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     describe_holders,
+    engine_message,
     live_holders,
+    path_holder_dicts,
+    path_params_error,
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     ControllerGone,
     SelfWait,
+    detach,
     emit_result,
     run_locked,
     run_payload,
@@ -345,9 +373,11 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     parse_duration,
     status,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock._pathlock import PathLock
 
 ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
+    name=dict(type="str"),
+    path=dict(type="path"),
     lease=dict(type="raw"),
     timeout=dict(type="raw"),
     mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
@@ -371,14 +401,20 @@ ARGUMENT_SPEC = dict(
 RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
 
 
-def holder_dicts(name: str, directory: str | None) -> list:
+def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
+    if path:
+        return path_holder_dicts(path)
     return [h.as_dict() for h in status(name, directory=directory).holders]
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")])
     p = module.params
-    name = p["name"]
+    name = p["name"] or p["path"]
+    path_error = path_params_error(p)
+    if path_error:
+        module.fail_json(msg=f"lock {name}: {path_error}")
     wrapped = (p["task"] or {}).get("module") or "?"
     if p["fleet"]:
         module.fail_json(msg="fleet locks are taken by the controller (the hostlock.core.locked action), never on "
@@ -391,15 +427,22 @@ def main() -> None:
         if p["lease"] is not None:
             parse_duration(p["lease"], "lease")
         payload = base64.b64decode(p["payload"])
-        lock = Lock(name, mode=p["mode"], slots=p["slots"], directory=p["directory"], label=p["label"])
+        if p["path"]:
+            lock: Lock | PathLock = PathLock(p["path"], mode=p["mode"])
+        else:
+            lock = Lock(name, mode=p["mode"], slots=p["slots"], directory=p["directory"], label=p["label"])
     except (HostlockError, ValueError, TypeError) as e:
-        module.fail_json(msg=f"lock {name}: {e}")
+        module.fail_json(msg=f"lock {name}: {engine_message(e)}")
     marker_match = RUN_MARKER.search(p["label"] or "")
     marker = marker_match.group(0) if marker_match else None
     info = dict(name=name, module=wrapped, directory=lock.directory, taken=False, waited=0.0)
+    if p["path"]:
+        info.update(path=p["path"], directory=None)
+    # Out of reach of the controller's signals and of the `ssh -tt` terminal's hangup (see _runner.detach).
+    detach()
 
     if module.check_mode:
-        holders = holder_dicts(name, p["directory"])
+        holders = holder_dicts(name, p["directory"], p["path"])
         info.update(event="check", free=would_acquire(holders, p["mode"], p["slots"]), holders=holders)
         result, _pid = run_payload(payload)
         result[RESULT_KEY] = info
@@ -409,7 +452,9 @@ def main() -> None:
         return holder_dicts(name, p["directory"])
 
     try:
-        result = run_locked(lock, payload, timeout, holders_of=holders_of, marker=marker, module=wrapped)
+        # A path lock has no record to carry a run marker: nothing to tell our own run's holders apart by.
+        result = run_locked(lock, payload, timeout, holders_of=None if p["path"] else holders_of,
+                            marker=None if p["path"] else marker, module=wrapped)
     except ControllerGone:  # nobody reads a result any more: the wrapped module never ran
         module.fail_json(msg=f"lock {name}: the controller is gone (its connection closed) while we waited; "
                          f"{wrapped} did not run", **{RESULT_KEY: info})
@@ -426,15 +471,16 @@ def main() -> None:
             **{RESULT_KEY: info},
         )
     except LockTimeout as e:
-        holders = [h.as_dict() for h in e.holders]
+        holders = path_holder_dicts(p["path"]) if p["path"] else [h.as_dict() for h in e.holders]
         info.update(event="conflict", holders=holders, waited=timeout)
-        msg = (f"lock {name} in {lock.directory} is still held after {timeout}s by "
-               f"{describe_holders(live_holders(holders))} (see: hostlock status {name}); {wrapped} did not run")
+        where, see = ("", f"--path {name}") if p["path"] else (f" in {lock.directory}", name)
+        msg = (f"lock {name}{where} is still held after {timeout}s by "
+               f"{describe_holders(live_holders(holders))} (see: hostlock status {see}); {wrapped} did not run")
         if p["on_conflict"] == "skip":
             module.exit_json(skipped=True, changed=False, msg=msg, **{RESULT_KEY: info})
         module.fail_json(msg=msg, **{RESULT_KEY: info})
     except HostlockError as e:
-        module.fail_json(msg=f"lock {name}: {e}", **{RESULT_KEY: info})
+        module.fail_json(msg=f"lock {name}: {engine_message(e)}", **{RESULT_KEY: info})
     info.update(result.pop(RESULT_KEY, {}), event="locked", taken=True)
     result[RESULT_KEY] = info
     emit_result(result)

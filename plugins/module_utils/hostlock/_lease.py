@@ -32,6 +32,7 @@ import time
 
 from ._error import HostlockError, LockTimeout, TokenError
 from ._names import check_duration, validate_name
+from ._pathlock import PathLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
@@ -68,23 +69,43 @@ def _split(token: object) -> tuple[str, str]:
     return tid, secret
 
 
+class _PathHolding(PathLock):
+    """A path lock held by a lease holder: there is no owner record to update (holders come from /proc)."""
+
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None, **_fields: str) -> None:
+        return None
+
+
+def _path_name(path: str) -> str:
+    """The name a path lease answers to on its channel: one word, whatever the path holds (spaces too)."""
+    return "path-" + hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
 def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
          timeout: float | None = None, mechanism: str = "auto", label: str | None = None,
-         in_flight: bool = False) -> str:
+         in_flight: bool = False, path: str | None = None) -> str:
     """Take `name` in a detached holder process for `lease` seconds; returns the token to release it.
 
     With `in_flight`, a lease that runs out (rather than being released) keeps the lock until no process
     carrying in_flight_environment(token) is left: the work it protected, still running when its owner
     stopped renewing (a killed controller), never overlaps the next holder's.
+    With `path`, the lease holds flock(1)'s lock on that file (_pathlock.PathLock) instead of a named lock:
+    `name`, `slots`, `directory`, `mechanism` and `label` do not apply; renew() and release() take the path.
     """
     from ._api import Lock
 
     lease = check_duration(lease, "lease", positive=True)
     if timeout is not None:
         timeout = check_duration(timeout, "timeout")  # refused here, not in the detached holder
-    probe = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
-    directory = probe.directory
-    probe.close()
+    if path is not None:
+        if slots != 1:
+            raise ValueError("slots does not apply to a path lock")
+        path = os.path.abspath(path)
+        name, directory = _path_name(path), os.path.dirname(path)
+    else:
+        probe = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
+        directory = probe.directory
+        probe.close()
     token_id, secret = os.urandom(6).hex(), os.urandom(16).hex()
     token = "%s.%s" % (token_id, secret)
     r, w = os.pipe()
@@ -95,7 +116,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
             os.setsid()
             if os.fork() == 0:
                 _holder(w, name, lease, mode, slots, directory, timeout, mechanism, label, token_id, secret,
-                        in_flight)
+                        in_flight, path)
         finally:
             os._exit(0)
     os.close(w)
@@ -124,6 +145,8 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     if last.startswith("OK "):
         return token
     if last.startswith("TIMEOUT"):
+        if path is not None:
+            raise LockTimeout("%s is busy" % path, holders=_PathHolding(path)._holders(), path=path)
         from ._api import status
 
         raise status(name, directory).timed_out(timeout)
@@ -133,7 +156,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
 
 def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: str, timeout: float | None,
             mechanism: str, label: str | None, token_id: str, secret: str,
-            in_flight: bool = False) -> None:  # pragma: no cover
+            in_flight: bool = False, path: str | None = None) -> None:  # pragma: no cover
     import signal
 
     os.write(w, b"PID %d\n" % os.getpid())
@@ -167,7 +190,11 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
     try:
         # Bind before the record below publishes the id: nobody can take the name first and answer for us.
         sock = _listen(directory, token_id)
-        lock = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
+        lock: Lock | _PathHolding
+        if path is not None:
+            lock = _PathHolding(path, mode=mode)
+        else:
+            lock = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
         expires = time.time() + lease
         lock.update_record(lease="%.3f" % expires, tid=token_id)
         try:
@@ -321,7 +348,7 @@ def _send_once(conn: socket.socket, data: bytes) -> None:
 class _Channel:
     """The holder's side of the control channel: one non-blocking selector loop until release or expiry."""
 
-    def __init__(self, sock: socket.socket, lock: Lock, name: str, secret: str, lease: float) -> None:
+    def __init__(self, sock: socket.socket, lock: Lock | _PathHolding, name: str, secret: str, lease: float) -> None:
         import selectors
 
         self._events = selectors.EVENT_READ
@@ -505,14 +532,19 @@ def _exchange(address: str, request: bytes, deadline: float, gone: TokenError) -
     return reply.decode("ascii", "backslashreplace").strip() if reply.endswith(b"\n") else ""
 
 
-def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-") -> str:
+def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-", path: str | None = None) -> str:
     """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
     from ._directory import default_directory
 
-    validate_name(name)
     tid, secret = _split(token)
-    directory = os.path.abspath(directory or default_directory())
-    gone = TokenError("no lease %s on lock %r: it expired, was released, or its holder died" % (tid, name),
+    if path is not None:  # a lease on a path (hold(path=...)): its channel answers to the path's name
+        path = os.path.abspath(path)
+        name, directory = _path_name(path), os.path.dirname(path)
+    else:
+        validate_name(name)
+        directory = os.path.abspath(directory or default_directory())
+    shown = path if path is not None else name
+    gone = TokenError("no lease %s on lock %r: it expired, was released, or its holder died" % (tid, shown),
                       directory=directory, reason="gone")
     deadline = time.monotonic() + _CLIENT_SECONDS
     while True:
@@ -534,7 +566,7 @@ def _request(name: str, token: str, directory: str | None, verb: str, arg: str =
     if reply.startswith("OK"):
         # Only the holder knows the secret: an unproven OK comes from whoever took the name after it ended.
         raise gone
-    raise TokenError("lease %s refused the request for lock %r: %s" % (tid, name, (body if proven else reply)[4:]
+    raise TokenError("lease %s refused the request for lock %r: %s" % (tid, shown, (body if proven else reply)[4:]
                                                                        or "no answer"),
                      directory=directory, reason="refused")
 
@@ -544,14 +576,15 @@ def token_id(token: str) -> str:
     return _split(token)[0]
 
 
-def renew(name: str, token: str, lease: float | None = None, directory: str | None = None) -> float:
+def renew(name: str, token: str, lease: float | None = None, directory: str | None = None,
+          path: str | None = None) -> float:
     """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""
     if lease is not None:
         lease = check_duration(lease, "lease", positive=True)
-    reply = _request(name, token, directory, "renew", "-" if lease is None else repr(lease))
+    reply = _request(name, token, directory, "renew", "-" if lease is None else repr(lease), path)
     return float(reply.split()[1])
 
 
-def release(name: str, token: str, directory: str | None = None) -> None:
+def release(name: str, token: str, directory: str | None = None, path: str | None = None) -> None:
     """End a lease: its holder releases the lock and exits."""
-    _request(name, token, directory, "release")
+    _request(name, token, directory, "release", path=path)

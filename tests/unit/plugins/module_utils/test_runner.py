@@ -18,6 +18,7 @@ import pytest
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     SelfWait,
     acquire,
+    detach,
     own_holders,
     parse_result,
     run_locked,
@@ -141,6 +142,44 @@ def test_signals_are_forwarded_and_the_work_is_waited_for():
     result, _pid = run_payload(payload)
     assert result["got"] == "TERM" and result["failed"] and "SIGTERM" in result["msg"], result
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL or signal.getsignal(signal.SIGTERM) is not None
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["forked", "fresh-interpreter"])
+def test_the_work_runs_in_a_session_of_its_own(forked):
+    """The wrapped module leads a new session: a hangup of the runner's terminal (ssh -tt) or a signal to
+    the runner's process group (ansible-core's workers, Ctrl-C) cannot reach it; only the runner forwards."""
+    payload = (
+        b"import json, os\n"
+        b"os.write(1, json.dumps({'sid': os.getsid(0), 'pid': os.getpid(), 'pgid': os.getpgid(0)}).encode())\n"
+    )
+    if forked:
+        payload += b"# _ansiballz_main\n"  # the runner forks payloads of AnsiballZ's shape
+    result, pid = run_payload(payload)
+    assert result["sid"] == result["pid"] == result["pgid"] == pid, result
+    assert os.getsid(0) != pid
+
+
+def test_detach_leaves_the_session_of_its_caller():
+    """The runner itself leaves the session and process group it was started in (once; idempotent)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a module process: in its parent's session and group, not leading either
+        code = 1
+        try:
+            os.close(r)
+            before = (os.getsid(0), os.getpgid(0))
+            ok = detach() and detach()
+            os.write(w, f"{ok} {before[0]} {before[1]} {os.getsid(0)} {os.getpgid(0)} {os.getpid()}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    words = os.read(r, 200).decode().split()
+    os.close(r)
+    os.waitpid(pid, 0)
+    ok, sid_before, pgid_before, sid, pgid, child = words[0], *map(int, words[1:])
+    assert ok == "True" and sid_before == os.getsid(0) and pgid_before == os.getpgid(0), words
+    assert sid == pgid == child, words
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
