@@ -91,9 +91,11 @@ options:
     description:
       - When the lock is still held by others after O(timeout), V(fail) fails the task naming the
         holders, V(skip) skips it (the wrapped module does not run).
-      - A lock held by the same playbook run (a M(hostlock.core.lock) lease of the same name taken
-        earlier in the run, another host of the play whose lock is delegated to the same host) fails (or,
-        with V(skip), skips) at once whatever O(timeout) says, as waiting for it would never end.
+      - A lock held by a M(hostlock.core.lock) lease of the same playbook run (taken earlier in the run and
+        not released yet) fails (or, with V(skip), skips) at once whatever O(timeout) says, as waiting for
+        it would never end. A lock held by another host's M(hostlock.core.locked) task of the same run (one
+        name delegated to one host, or many inventory aliases of one machine) ends by itself: the hosts
+        take turns, each waiting up to O(timeout).
     type: str
     choices: [fail, skip]
     default: fail
@@ -149,6 +151,12 @@ options:
     description:
       - Internal, set by the action plugin on the controller; do not set it. The wrapped module as built
         for the host, base64-encoded.
+    type: str
+  controller:
+    description:
+      - Internal, set by the action plugin on the controller for the local connection; do not set it. The
+        C(ansible-playbook) process (C(PID:START) in clock ticks): a wait ends, and the wrapped module never
+        runs, once that process is gone, even if its worker lives on (C(kill -9) of C(ansible-playbook)).
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -392,13 +400,15 @@ ARGUMENT_SPEC = dict(
     ),
     # the wrapped module's arguments can hold secrets: never echo the payload back (invocation, logs)
     payload=dict(type="str", no_log=True),
+    controller=dict(type="str"),
     # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
     fleet=dict(type="str"),
     ttl=dict(type="raw"),
 )
 
-# The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
-RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
+# The controller appends "[run ID task]" to the label: a holder that ends by itself, which the run's other
+# hosts may wait for; the run's leases carry "[run ID]", which they never wait for (plugin_utils/_runid.py).
+RUN_MARKER = re.compile(r"\[run ([0-9A-Za-z._:@-]+)(?: task)?\]")
 
 
 def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
@@ -434,7 +444,7 @@ def main() -> None:
     except (HostlockError, ValueError, TypeError) as e:
         module.fail_json(msg=f"lock {name}: {engine_message(e)}")
     marker_match = RUN_MARKER.search(p["label"] or "")
-    marker = marker_match.group(0) if marker_match else None
+    marker = f"[run {marker_match.group(1)}]" if marker_match else None  # the run's leases, never its tasks
     info = dict(name=name, module=wrapped, directory=lock.directory, taken=False, waited=0.0)
     if p["path"]:
         info.update(path=p["path"], directory=None)
@@ -454,7 +464,7 @@ def main() -> None:
     try:
         # A path lock has no record to carry a run marker: nothing to tell our own run's holders apart by.
         result = run_locked(lock, payload, timeout, holders_of=None if p["path"] else holders_of,
-                            marker=None if p["path"] else marker, module=wrapped)
+                            marker=None if p["path"] else marker, module=wrapped, controller=p["controller"])
     except ControllerGone:  # nobody reads a result any more: the wrapped module never ran
         module.fail_json(msg=f"lock {name}: the controller is gone (its connection closed) while we waited; "
                          f"{wrapped} did not run", **{RESULT_KEY: info})
