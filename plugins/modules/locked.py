@@ -28,11 +28,15 @@ description:
   - The task's result is the wrapped module's result (so C(register), C(changed_when),
     C(failed_when) and C(--diff) work as for the module itself) plus RV(hostlock) with the lock's
     wait and hold times.
-  - Modules that come with their own action plugin on the controller (C(copy), C(template),
-    C(fetch), C(package), ...) are refused at once, except C(command) and C(shell); lock those in a
-    C(block) under M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true), which the
-    refusal message spells out (see the collection's docs/ansible.md). With O(fleet) the lock is
-    held on the controller, so those run under it too.
+  - Modules that come with their own action plugin on the controller (C(template), C(copy),
+    C(fetch), C(package), C(service), C(script), C(raw), ...), except C(command) and C(shell), run
+    partly on the controller and may run several modules on the host; for them the lock is a heartbeat
+    lease on the host (as M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true) takes),
+    held from before the task's first step to after its last, renewed from the controller while the run
+    lives, and the task's processes on the host carry the lease's in-flight mark (its environment), so a
+    killed run's lease frees the lock only after them (C(raw) takes no environment: its command is not
+    marked). See the collection's docs/ansible.md for exactly what the lock covers. With O(fleet) the lock
+    is held on the controller.
   - With O(fleet), the lock is a fleet lock in etcd, shared by every run, control node and host that
     uses the same etcd and name, taken and released by the controller (see O(fleet)).
 options:
