@@ -49,7 +49,7 @@ def _links(page: Path) -> list[str]:
 def test_every_link_and_anchor_resolves(page):
     broken = []
     for link in _links(page):
-        target, _, anchor = link.partition("#")
+        target, _hash, anchor = link.partition("#")
         path = (page.parent / target).resolve() if target else page
         if not path.exists():
             broken.append(f"{link}: no file {path}")

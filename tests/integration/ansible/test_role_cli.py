@@ -20,8 +20,8 @@ def test_check_mode_refuses_a_launcher_directory_that_is_not_there(ansible, tmp_
 
 def test_check_mode_passes_with_an_existing_launcher_directory(ansible, tmp_path):
     (tmp_path / "bin").mkdir()
-    paths = dict(bin_dir=str(tmp_path / "bin"), lib_dir=str(tmp_path / "role-lib"), lock_dir=str(tmp_path / "role-locks"),
-                 tmpfiles_dir=str(tmp_path / "tmpfiles.d"))
+    paths = dict(bin_dir=str(tmp_path / "bin"), lib_dir=str(tmp_path / "role-lib"),
+                 lock_dir=str(tmp_path / "role-locks"), tmpfiles_dir=str(tmp_path / "tmpfiles.d"))
     run = ansible.play("cli_role.yml", "--check", extra_vars=paths)
     assert run.rc == 0, run.out
     assert not (tmp_path / "bin" / "hostlock").exists() and not (tmp_path / "role-lib").exists()
