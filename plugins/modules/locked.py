@@ -34,7 +34,7 @@ description:
     lease on the host (as M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true) takes),
     held from before the task's first step to after its last, renewed from the controller while the run
     lives, and the task's processes on the host carry the lease's in-flight mark (its environment), so a
-    killed run's lease frees the lock only after them (C(raw) takes no environment: its command is not
+    killed run's lease frees the lock only after them (C(raw) takes no environment, so its command is not
     marked). See the collection's docs/ansible.md for exactly what the lock covers. With O(fleet) the lock
     is held on the controller.
   - With O(fleet), the lock is a fleet lock in etcd, shared by every run, control node and host that
