@@ -98,7 +98,7 @@ options:
       - A lock held by a M(hostlock.core.lock) lease of the same playbook run (taken earlier in the run and
         not released yet) fails (or, with V(skip), skips) at once whatever O(timeout) says, as waiting for
         it would never end. A lock held by another host's M(hostlock.core.locked) task of the same run (one
-        name delegated to one host, or many inventory aliases of one machine) ends by itself: the hosts
+        name delegated to one host, or many inventory aliases of one machine) ends by itself, so the hosts
         take turns, each waiting up to O(timeout).
     type: str
     choices: [fail, skip]
