@@ -159,7 +159,7 @@ options:
   controller:
     description:
       - Internal, set by the action plugin on the controller for the local connection; do not set it. The
-        C(ansible-playbook) process (C(PID:START) in clock ticks): a wait ends, and the wrapped module never
+        C(ansible-playbook) process (C(PID:START) in clock ticks); a wait ends, and the wrapped module never
         runs, once that process is gone, even if its worker lives on (C(kill -9) of C(ansible-playbook)).
     type: str
 extends_documentation_fragment:
