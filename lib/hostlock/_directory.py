@@ -93,7 +93,7 @@ def open_directory(path: str) -> tuple[int, bool]:
         raise LockDirectoryError("lock directory path contains a NUL byte", directory=path)
     try:
         # Every component walked (_safepath): no symlink another user could plant above the directory.
-        fd = _safepath.open_path(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC, follow_last=False)
+        fd = _safepath.open_directory(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
     except _safepath.UnsafePath as e:
         raise LockDirectoryError("cannot open lock directory %s: %s" % (path, e), directory=path,
                                  errno=e.errno) from None

@@ -152,6 +152,29 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
         os.close(fd)
 
 
+_seen: dict = {}  # path -> (st_dev, st_ino) of the directory a full walk of it reached, in this process
+
+
+def open_directory(path: str, flags: int) -> int:
+    """open_path for a directory opened again and again (the lock directory, at every lock file open).
+
+    After one full walk, the kernel's own walk is used and its result compared with the inode the full
+    walk reached: the same directory means no symlink led anywhere else (whichever way the kernel went),
+    anything else gets the full walk again. One open and one fstat instead of one per component.
+    """
+    known = _seen.get(path)
+    if known is not None:
+        fd = os.open(path, flags | _O_DIRECTORY)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == known:
+            return fd
+        os.close(fd)
+    fd = open_path(path, flags | _O_DIRECTORY, follow_last=False)
+    st = os.fstat(fd)
+    _seen[path] = (st.st_dev, st.st_ino)
+    return fd
+
+
 def stat_path(path: str) -> os.stat_result:
     """os.stat(path) by the same walk (for `status --path`): the inode a lock on `path` would take."""
     fd = open_path(path, _O_PATH or (os.O_RDONLY | os.O_NONBLOCK))

@@ -152,3 +152,22 @@ def test_trusted_symlinks_are_followed(launcher, arena, tmp_path):
     assert (arena / "real" / "g").exists()
     r = hostlock(launcher, "status", "--path", "/var/run/../etc/hostname")
     assert r.returncode in (0, 66) and "refusing" not in r.stderr
+
+
+def test_a_component_swapped_for_a_link_after_a_first_open_is_refused(arena):
+    """In one process, a lock directory opened once (the walk's result remembered) and then redirected by
+    another user swapping a middle component for a symlink: the next open walks again and refuses."""
+    import hostlock
+
+    theirs = arena / "sticky" / "d"
+    subprocess.run(["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", "mkdir", "-m",
+                    "0777", str(theirs)], check=True, timeout=30)
+    (theirs / "locks").mkdir(mode=0o700)
+    (arena / "secret" / "locks").mkdir(mode=0o700)  # root's, as trusted as the first one
+    hostlock.Lock("a", directory=str(theirs / "locks")).acquire(timeout=0).release()
+    subprocess.run(["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", "mv", str(theirs),
+                    str(arena / "sticky" / "d.old")], check=True, timeout=30)
+    plant(arena / "secret", theirs)
+    with pytest.raises(hostlock.LockDirectoryError, match="refusing %s: a symlink owned by uid" % theirs):
+        hostlock.Lock("a", directory=str(theirs / "locks")).acquire(timeout=0)
+    assert os.listdir(arena / "secret" / "locks") == []
