@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
         def close(self) -> None: ...
 
+
 def _adopt(dirfd: int, filename: str, directory: str, fd: int, shared: bool) -> bool:
     """Replace another user's idle lock file by a fresh one of ours; False while someone has it open.
 
@@ -84,7 +85,6 @@ def _adopt(dirfd: int, filename: str, directory: str, fd: int, shared: bool) -> 
     finally:
         os.close(nfd)
     return True
-
 
 
 KERNEL = {"ofd": _kernel.OFD, "flock": _kernel.FLOCK}

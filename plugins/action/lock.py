@@ -13,7 +13,6 @@ the lease is an etcd lease taken here, on the controller, and the host is not co
 
 from __future__ import annotations
 
-import os
 import typing as t
 
 from ansible.module_utils.parsing.convert_bool import boolean
@@ -25,7 +24,7 @@ from ansible_collections.hostlock.core.plugins.modules.lock import (
     REQUIRED_IF,
     params_error,
 )
-from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_marker
 
@@ -106,37 +105,4 @@ class ActionModule(ActionBase):
 
     def _start_heartbeat(self, args: dict, result: dict, task_vars: dict) -> dict:
         """Renew the lease from the control node until its release or the end of this run."""
-        lease = float(result["lease"])
-        renewal = {
-            **{k: args[k] for k in ("name", "path") if args.get(k)},  # the one the lease was taken with
-            "token": result["token"],
-            "directory": result.get("directory") or args.get("directory"),
-            "state": "acquired",
-        }
-
-        task_tmpdir = self._connection._shell.tmpdir
-
-        def renew(seconds: float) -> str:  # runs in the heartbeat process, a copy of this worker
-            if self._connection._shell.tmpdir == task_tmpdir:
-                # the task's temporary directory is removed when the task ends: each renewal makes its own
-                self._connection._shell.tmpdir = None
-            try:
-                got = self._execute_module(module_name=LOCK_MODULE, module_args=dict(renewal, lease=seconds),
-                                           task_vars=task_vars)
-            except Exception:  # noqa: BLE001 - connection failures: the next renewal tries again
-                return _heartbeat.UNREACHABLE
-            finally:
-                try:
-                    self._remove_tmp_path(self._connection._shell.tmpdir)
-                except Exception:  # noqa: BLE001 - a leftover temporary directory must not stop the heartbeat
-                    pass
-            if got.get("unreachable"):
-                return _heartbeat.UNREACHABLE
-            if got.get("failed"):
-                # only the holder saying the lease is gone ends the heartbeat; any other failure is retried
-                return _heartbeat.GONE if "cannot renew" in str(got.get("msg")) else _heartbeat.UNREACHABLE
-            return _heartbeat.OK
-
-        # Workers are forked by the ansible-playbook process: the run is our parent.
-        pid = _heartbeat.start(renew, result["token"], lease, os.getppid())
-        return dict(pid=pid, every=round(lease / _heartbeat.RENEWALS_PER_LEASE, 3), lease=lease)
+        return _hostlease.start_heartbeat(self, args, result, task_vars)

@@ -27,9 +27,9 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
-from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
-from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_id, run_marker
+from ansible_collections.hostlock.core.plugins.plugin_utils._runid import controller_process, run_marker
 
 LOCKED_MODULE = "hostlock.core.locked"
 
@@ -63,7 +63,10 @@ THIN_ACTIONS = {
     "ansible.builtin.shell": ("ansible.legacy.command", {"_uses_shell": True}),
 }
 
-# What to do instead, for tasks that cannot run inside the host-side lock.
+# raw runs a command without the task's environment: nothing marks it as the lease's in-flight work.
+RAW = frozenset(("ansible.builtin.raw", "ansible.legacy.raw"))
+
+# What to do instead, for tasks that run on the controller only (nothing to lock on the host).
 BLOCK_HINT = (
     "Put it in a block under one lock: hostlock.core.lock with heartbeat: true at the top of the block, "
     "state: released in its always:, and environment: \"{{ REGISTERED.environment | default({}) }}\" on the "
@@ -127,9 +130,12 @@ class ActionModule(ActionBase):
         del tmp
         task_vars = task_vars or {}
         # raises AnsibleActionFail naming the bad option; args are the validated, defaulted ones
-        _validation, args = self.validate_argument_spec(
-            ARGUMENT_SPEC, mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")]
-        )
+        try:
+            _validation, args = self.validate_argument_spec(
+                ARGUMENT_SPEC, mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")]
+            )
+        except AnsibleActionFail as e:  # ansible-core names the plugin by its file's import path: say the task's
+            raise AnsibleActionFail(str(e.message).replace(str(self._load_name), LOCKED_MODULE)) from None
         for key in ("timeout", "lease"):
             if args[key] is not None:
                 try:
@@ -143,9 +149,12 @@ class ActionModule(ActionBase):
                 "hostlock.core.locked: path (a kernel lock on a file of the host) and fleet (a lock in etcd) "
                 "exclude each other; fleet: '' takes a host lock when HOSTLOCK_FLEET is set"
             )
-        fqcn, module_args = self._resolve(name, parse_args(raw), controller_side=bool(fleet))
+        fqcn, module_args = self._resolve(name, parse_args(raw), controller_side=True)
         if fleet:
             result.update(self._run_fleet(fleet, args, fqcn, module_args, task_vars))
+            return result
+        if self._handler != "ansible.legacy.normal":  # its own action plugin: under a lease on the host
+            result.update(self._run_leased(args, fqcn, module_args, task_vars))
             return result
 
         if not self._is_pipelining_enabled("new") and self._connection._shell.tmpdir is None:
@@ -161,8 +170,13 @@ class ActionModule(ActionBase):
         label = args["label"] or task_label(self._task, task_vars)
         locked_args = {k: args[k] for k in ("name", "path", "timeout", "mode", "slots", "directory", "on_conflict")}
         locked_args = {k: v for k, v in locked_args.items() if v is not None or k not in ("name", "path")}
+        if getattr(self._connection, "transport", None) in ("local", "ansible.builtin.local", "ansible.legacy.local"):
+            # the host is this machine: its wait can watch the run's process itself (a SIGKILLed
+            # ansible-playbook leaves its worker, and so the module's stdout, alive)
+            locked_args["controller"] = controller_process()
         locked_args.update(
-            label=f"{label} {run_marker()}",
+            # "[run ID task]": a holder that ends by itself, so the run's other hosts wait for it in turn
+            label=f"{label} {run_marker(task=True)}",
             task=dict(module=fqcn),
             payload=base64.b64encode(bits.b_module_data).decode("ascii"),
         )
@@ -197,14 +211,6 @@ class ActionModule(ActionBase):
             return module, {**module_args, **extra}
         if has_action and controller_side:
             self._handler = fqcn
-            return fqcn, module_args
-        if has_action:
-            raise AnsibleActionFail(
-                f"hostlock.core.locked: {fqcn} has its own action plugin, which runs on the controller (it "
-                "transfers files or picks another module), so it cannot run inside the host-side lock. "
-                f"{BLOCK_HINT} Or wrap the module that does the host's part (for example ansible.builtin.lineinfile, "
-                "or ansible.builtin.apt for package)"
-            )
         return fqcn, module_args
 
     def _with_module_defaults(self, fqcn: str, module_args: dict) -> dict:
@@ -223,7 +229,7 @@ class ActionModule(ActionBase):
             return dict(failed=True, msg=f"lock {name}: {_fleet.DIRECTORY_CONFLICT}", **{RESULT_KEY: info})
         # "[run ID task]", not "[run ID]": a lock this run holds only for one task ends by itself, so other
         # hosts of the run may wait for it (a semaphore spreading the run's hosts over its slots).
-        label = f"{args['label'] or task_label(self._task, task_vars)} [run {run_id()} task]"
+        label = f"{args['label'] or task_label(self._task, task_vars)} {run_marker(task=True)}"
         lost: list[float] = []
         try:
             holders, info["path"] = _fleet.holder_dicts(name, fleet)
@@ -274,6 +280,62 @@ class ActionModule(ActionBase):
                 f"Result of {fqcn}: {result.get('msg') or ('failed' if result.get('failed') else 'ok')}"
             ))
             info["event"] = "lost"
+        result[RESULT_KEY] = info
+        return result
+
+    def _run_leased(self, args: dict, fqcn: str, module_args: dict, task_vars: dict) -> dict:
+        """A task with its own action plugin (copy, template, package, raw, ...), under a heartbeat lease.
+
+        Such a task runs partly here (rendering, transfers) and may run several modules on the host, so the
+        lock cannot live inside one module run there: a lease on the host takes its place (as
+        hostlock.core.lock with heartbeat: true), renewed from here while the run lives. The wrapped task
+        runs with the lease's in-flight mark in its environment, so every process it starts on the host
+        is work the lease waits for if the run dies; then the lease is released.
+        """
+        which = {k: args[k] for k in ("name", "path") if args[k] is not None}
+        shown = args["name"] or args["path"]
+        label = args["label"] or task_label(self._task, task_vars)
+        lock_args = dict(which, state="acquired", heartbeat=True, mode=args["mode"], slots=args["slots"],
+                         directory=args["directory"], timeout=args["timeout"],
+                         on_conflict="fail", label=f"{label} {run_marker(task=True)}")
+        lock_args = {k: v for k, v in lock_args.items() if v is not None}
+        if which.get("path"):
+            lock_args.pop("slots", None)
+        info: dict[str, t.Any] = dict(which, module=fqcn, taken=False, waited=0.0)
+        got = self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=lock_args, task_vars=task_vars)
+        lock_info = got.get(RESULT_KEY) or {}
+        info.update(directory=got.get("directory"), waited=lock_info.get("waited", 0.0))
+        if self._task.check_mode:
+            info.update(event="check", free=lock_info.get("free"), holders=lock_info.get("holders", []))
+            return dict(self._run_wrapped(fqcn, module_args, task_vars, {}), **{RESULT_KEY: info})
+        if got.get("failed") or not got.get("token"):
+            info.update(event="conflict" if lock_info.get("event") == "conflict" else lock_info.get("event"),
+                        holders=lock_info.get("holders", []))
+            return self._refused(f"{got.get('msg') or 'lock ' + str(shown) + ' not taken'}; {fqcn} did not run",
+                                 args, info)
+        token = got["token"]
+        release = dict(which, state="released", token=token, directory=got.get("directory"))
+        try:
+            _hostlease.start_heartbeat(self, dict(lock_args), got, task_vars)
+        except (OSError, ValueError) as e:  # no heartbeat: give the lease back rather than hold it unrenewed
+            self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=release, task_vars=task_vars)
+            return dict(failed=True, msg=f"lock {shown}: cannot start the lease's heartbeat on the control node "
+                        f"({e}); {fqcn} did not run", **{RESULT_KEY: info})
+        held_from = time.monotonic()
+        info.update(event="locked", taken=True)
+        try:
+            # raw takes no environment (it would only warn): its command is not marked as in-flight work
+            env = {} if fqcn in RAW else dict(got.get("environment") or {})
+            result = self._run_wrapped(fqcn, module_args, task_vars, env)
+        finally:
+            _heartbeat.stop(token)
+            freed = self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=release,
+                                         task_vars=task_vars)
+            info["released"] = not freed.get("failed")
+            info["held"] = round(time.monotonic() - held_from, 3)
+            if freed.get("failed"):
+                self._display.warning(f"lock {shown}: could not release the lease after {fqcn} "
+                                      f"({freed.get('msg')}); it ends when its heartbeat stops")
         result[RESULT_KEY] = info
         return result
 

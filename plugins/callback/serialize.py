@@ -32,6 +32,11 @@ description:
     reported by M(hostlock.core.lock) and M(hostlock.core.locked) tasks, with a warning for every
     lease the run left held on a host.
   - In check mode (C(--check)) it takes no lock; it says which hosts are busy.
+  - B(Fail closed.) Every setting is checked when the callback loads; one it cannot honour (a timeout of
+    V(30x) or V(-1), an unknown O(scope), a boolean of V(maybe), a malformed O(fleet) URL or O(prefix))
+    ends C(ansible-playbook) before its first play with one line naming the setting and the accepted forms,
+    and status 64. ansible-core would otherwise drop a callback whose options fail to load with only a
+    warning, and run every play unserialized.
   - A callback cannot fail a run by raising (ansible-core turns its exceptions into warnings). When a
     host stays busy past O(timeout), or at once with O(fail_fast), this callback ends the run itself;
     it prints the holders and exits C(ansible-playbook) with status 75 (EX_TEMPFAIL, "try again
@@ -71,10 +76,12 @@ options:
         key: fleet
   ttl:
     description:
-      - With O(fleet), the time to live of each lock's etcd lease, in seconds. A killed run's hosts are
-        free this long after it died; a run that cannot reach etcd this long loses its locks.
-    type: float
-    default: 10
+      - With O(fleet), the time to live of each lock's etcd lease, a duration as everywhere in the
+        collection (V(10), V(30s), V(2m)). A killed run's hosts are free this long after it died; a run
+        that cannot reach etcd this long loses its locks.
+      - A value that is not a duration greater than 0 stops the run before its first task (status 64).
+    type: str
+    default: "10"
     env:
       - name: HOSTLOCK_SERIALIZE_TTL
     ini:
@@ -93,11 +100,14 @@ options:
         key: directory
   timeout:
     description:
-      - Seconds to wait for a play's hosts (the controller locks, then the in-flight work of earlier
-        runs on each host). Omit (or V(-1)) to wait as long as it takes.
+      - How long to wait for a play's hosts (the controller locks, then the in-flight work of earlier
+        runs on each host), a duration as everywhere in the collection (V(90), V(30s), V(30m), V(1h30m)),
+        or V(forever) (the default) to wait as long as it takes.
       - When the time is up the run ends with status 75, naming the holders.
-    type: float
-    default: -1
+      - Any other value (a negative number, V(abc)) stops the run before its first task with one line
+        naming the setting (status 64); a setting that cannot be honoured never turns serialization off.
+    type: str
+    default: forever
     env:
       - name: HOSTLOCK_SERIALIZE_TIMEOUT
     ini:
@@ -107,8 +117,10 @@ options:
     description:
       - End the run at once (status 75, holders named) when any host of a play is locked by another
         run, or still runs an earlier run's task, instead of waiting.
-    type: bool
-    default: false
+      - A boolean (V(true)/V(false), V(yes)/V(no), V(1)/V(0), V(on)/V(off)); anything else stops the run
+        before its first task (status 64) instead of being read as false.
+    type: str
+    default: "false"
     env:
       - name: HOSTLOCK_SERIALIZE_FAIL_FAST
     ini:
@@ -121,8 +133,8 @@ options:
         them until it ends, so no other run gets in between two plays.
       - With V(playbook), hosts that the callback cannot work out in advance (a play whose C(hosts)
         uses a variable only known later) are added when their play starts.
+      - V(play) or V(playbook); any other value stops the run before its first task (status 64).
     type: str
-    choices: [play, playbook]
     default: play
     env:
       - name: HOSTLOCK_SERIALIZE_SCOPE
@@ -138,8 +150,10 @@ options:
         each other should connect as the same user, or as root.
       - For a host without C(/bin/sh) and C(/proc) (network devices, Windows), set the host variable
         C(hostlock_serialize_wait_in_flight=false) to skip the wait there.
-    type: bool
-    default: true
+      - A boolean (V(true)/V(false), V(yes)/V(no), V(1)/V(0), V(on)/V(off)); anything else stops the run
+        before its first task (status 64) instead of being read as false.
+    type: str
+    default: "true"
     env:
       - name: HOSTLOCK_SERIALIZE_WAIT_IN_FLIGHT
     ini:
@@ -160,8 +174,10 @@ options:
   recap:
     description:
       - Print the lock recap at the end of each playbook.
-    type: bool
-    default: true
+      - A boolean (V(true)/V(false), V(yes)/V(no), V(1)/V(0), V(on)/V(off)); anything else stops the run
+        before its first task (status 64) instead of being read as false.
+    type: str
+    default: "true"
     env:
       - name: HOSTLOCK_SERIALIZE_RECAP
     ini:
@@ -190,6 +206,7 @@ import typing as t
 import uuid
 
 from ansible import context
+from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
 from ansible.playbook.block import Block
 from ansible.playbook.task import Task
 from ansible.plugins.callback import CallbackBase
@@ -200,7 +217,9 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     Lock,
     LockTimeout,
     default_directory,
+    parse_duration,
     status,
+    validate_name,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common import (
     EX_LOST,
@@ -208,6 +227,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common
     EX_USAGE,
     describe_error,
     error_exit_code,
+    one_line,
 )
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
 
@@ -225,19 +245,33 @@ _BAD_CHARS = re.compile(r"[^A-Za-z0-9._+@-]")
 MARK_HOST = "HOSTLOCK_SERIALIZE_HOST"
 MARK_RUN = "HOSTLOCK_SERIALIZE_RUN"
 WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
-# Waits until no process carrying this host's marker from another run is left ($1 host, $2 our run,
-# $3 seconds or -1). /proc/PID/environ is the environment the task started with, which its children
-# inherit; one grep reads them all. Polls every 0.2 s: a process that is not our child cannot be waited
-# for portably (pidfd_open is Linux 5.3+ and Python 3.9+). Exit 75 when the time is up.
+# Waits until no process of this user carrying this host's marker from another run is left ($1 host, $2 our
+# run, $3 seconds or -1). /proc/PID/environ is the environment the task started with, which its children
+# inherit; grep reads them all (file names through printf | xargs: no argument list to overflow however many
+# processes there are). Only processes whose real and effective uid are the wait's own count: anyone can
+# start a process with any environment (a neighbour's `env HOSTLOCK_SERIALIZE_HOST=... sleep` must not stall
+# root's run), and /proc/PID/status tells the uid even of a process that made itself undumpable (its /proc
+# files then belong to root). A command line it prints is cut and made printable ASCII. Polls every 0.2 s: a
+# process that is not our child cannot be waited for portably (pidfd_open is Linux 5.3+ and Python 3.9+).
+# Exit 75 when the time is up.
 WAIT_SCRIPT = r"""
 want="HOSTLOCK_SERIALIZE_HOST=$1"; mine="HOSTLOCK_SERIALIZE_RUN=$2"; left=$3; said=
+LC_ALL=C; export LC_ALL
+me=$(id -u) || exit 70
 [ -d /proc/self ] || { echo "no /proc: cannot see earlier runs' tasks" >&2; exit 70; }
 while :; do
-  busy=$(grep -lzxF -e "$want" /proc/[0-9]*/environ 2>/dev/null | xargs -r grep -LzxF -e "$mine" 2>/dev/null)
+  busy=
+  for e in $(printf '%s\0' /proc/[0-9]*/environ | xargs -0 grep -lzxF -e "$want" 2>/dev/null \
+             | xargs -r grep -LzxF -e "$mine" 2>/dev/null); do
+    d=${e%/environ}
+    set -- $(sed -n 's/^Uid:[[:space:]]*//p' "$d/status" 2>/dev/null)
+    [ "${1:-x}" = "$me" ] && [ "${2:-x}" = "$me" ] && busy="$busy $d"
+  done
   [ -z "$busy" ] && break
   if [ -z "$said" ]; then
-    for e in $busy; do
-      d=${e%/environ}; echo "waiting for pid ${d#/proc/}: $(tr '\0' ' ' < $d/cmdline 2>/dev/null)"
+    for d in $busy; do
+      cmd=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null | tr -c '[:print:]' '?' | cut -c1-200)
+      echo "waiting for pid ${d#/proc/}: $cmd"
     done
     said=1
   fi
@@ -306,6 +340,70 @@ def _with_marker(env: t.Any, marker: dict) -> list:
     return [marker] + [e for e in items if not (isinstance(e, dict) and MARK_RUN in e)]
 
 
+FOREVER = "forever"  # how a wait without end is spelled (timeout); never a negative number
+_BOOLEANS = "true/false, yes/no, on/off or 1/0"
+
+
+def _where(name: str) -> str:
+    return f"[hostlock_serialize] {name} in ansible.cfg or $HOSTLOCK_SERIALIZE_{name.upper()}"
+
+
+def settings(get: t.Callable[[str], t.Any]) -> dict[str, t.Any]:
+    """Every option as the callback uses it, checked once; ValueError naming the setting and what it takes.
+
+    Types are checked here, not by ansible-core's config: its bool conversion reads any unknown word as
+    false (wait_in_flight=maybe would turn the wait off), and an option that fails to convert makes it
+    drop the whole callback with a warning, so the run would go on unserialized.
+    """
+    out: dict[str, t.Any] = {}
+
+    def bad(name: str, value: t.Any, takes: str) -> ValueError:
+        return ValueError(f"invalid setting {name} = {one_line(repr(value))} ({_where(name)}): use {takes}")
+
+    for name in ("fail_fast", "wait_in_flight", "recap"):
+        raw = get(name)
+        word = str(raw).strip().lower() if raw is not None else ""
+        if isinstance(raw, bool):
+            out[name] = raw
+        elif word in BOOLEANS_TRUE:
+            out[name] = True
+        elif word in BOOLEANS_FALSE:
+            out[name] = False
+        else:
+            raise bad(name, raw, _BOOLEANS)
+    raw = get("timeout")
+    if raw is None or str(raw).strip().lower() == FOREVER:
+        out["timeout"] = None
+    else:
+        try:
+            out["timeout"] = parse_duration(str(raw), "timeout")
+        except ValueError:
+            raise bad("timeout", raw, f"a duration (90, 30s, 30m, 1h30m) or {FOREVER!r}") from None
+    try:
+        out["ttl"] = parse_duration(str(get("ttl")), "ttl", positive=True)
+    except ValueError:
+        raise bad("ttl", get("ttl"), "a duration greater than 0 (10, 30s, 2m)") from None
+    out["scope"] = get("scope")
+    if out["scope"] not in ("play", "playbook"):
+        raise bad("scope", out["scope"], "'play' or 'playbook'")
+    out["prefix"] = get("prefix")
+    try:
+        validate_name(lock_name(str(out["prefix"]), "host"))
+        validate_name(bucket_name(str(out["prefix"]), 0))
+    except ValueError as e:
+        raise bad("prefix", out["prefix"], f"a prefix that makes valid lock names ({one_line(str(e))})") from None
+    out["fleet"] = str(get("fleet") or "").strip() or None
+    if out["fleet"]:
+        from ansible_collections.hostlock.core.plugins.module_utils.hostlock._fleet import parse
+
+        try:
+            parse(out["fleet"])
+        except ValueError as e:
+            raise ValueError(f"invalid setting fleet ({_where('fleet')}): {one_line(str(e))}") from None
+    out["directory"] = get("directory")
+    return out
+
+
 def _clock() -> str:
     return time.strftime("%H:%M:%S")
 
@@ -331,6 +429,21 @@ class CallbackModule(CallbackBase):
         self._uses: dict[tuple[str, str], dict[str, t.Any]] = {}  # (host, lock) -> totals from modules
         self._leases: dict[tuple[str, str], dict[str, dict]] = {}  # (host, lock) -> token_id -> lease
         self._lost: list[str] = []  # fleet locks whose etcd lease ended while held (from keep-alive threads)
+        self._opt: dict[str, t.Any] = {}  # the checked options (set_options)
+
+    def set_options(self, task_keys: t.Any = None, var_options: t.Any = None, direct: t.Any = None) -> None:
+        """Load and check every option now, and end the run here if one cannot be honoured.
+
+        ansible-core loads callbacks before the first play and turns an Exception raised here into the
+        warning "Failed to load callback plugin", then runs without it: serialization silently off. A
+        SystemExit passes its handler, so a bad setting ends ansible-playbook (64) before anything runs.
+        """
+        try:
+            super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+            self._opt = settings(self.get_option)
+        except Exception as e:  # noqa: BLE001 - any failure to load a setting must stop the run, not skip us
+            self._display.error(f"hostlock.core.serialize: {one_line(str(e))}; no play was run")
+            raise _EndRun(EX_USAGE) from None
 
     # -- output: standard error through Ansible's display; stdout belongs to the stdout callback ----
     def _say(self, msg: str) -> None:
@@ -338,21 +451,19 @@ class CallbackModule(CallbackBase):
 
     # -- options ---------------------------------------------------------------------------------
     def _timeout(self) -> float | None:
-        if self.get_option("fail_fast"):
-            return 0.0
-        value = self.get_option("timeout")
-        return None if value is None or float(value) < 0 else float(value)
+        """Seconds to wait for a play's hosts; None: forever (fail_fast: not at all)."""
+        return 0.0 if self._opt["fail_fast"] else self._opt["timeout"]
 
     def _fleet(self) -> str | None:
         """The fleet URL, or None for locks on this control node."""
-        return str(self.get_option("fleet") or "").strip() or None
+        return self._opt["fleet"]
 
     # -- control-node host locks -----------------------------------------------------------------
     def v2_playbook_on_start(self, playbook: t.Any) -> None:
         self._playbook = os.path.basename(getattr(playbook, "_file_name", None) or "?")
         self._check = bool(context.CLIARGS.get("check"))
         self._planned = set()
-        if self.get_option("scope") == "playbook" and not self._check:
+        if self._opt["scope"] == "playbook" and not self._check:
             self._planned = self._playbook_hosts(playbook)
             if self._planned:
                 self._lock_hosts(sorted(self._planned), "(whole playbook)")
@@ -375,11 +486,11 @@ class CallbackModule(CallbackBase):
         if self._check:
             self._report_busy(hosts)
             return
-        if self.get_option("scope") == "playbook":
+        if self._opt["scope"] == "playbook":
             self._planned.update(hosts)
             hosts = sorted(self._planned)
         self._lock_hosts(hosts, play.get_name())
-        if self.get_option("wait_in_flight"):
+        if self._opt["wait_in_flight"]:
             self._mark_play(play)
 
     def _play_hosts(self, play: t.Any) -> list[str]:
@@ -399,8 +510,8 @@ class CallbackModule(CallbackBase):
             self._release(key)
         missing = sorted(set(wanted) - keep)
         label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
-        directory = self.get_option("directory")
-        prefix = self.get_option("prefix")
+        directory = self._opt["directory"]
+        prefix = self._opt["prefix"]
         timeout = self._timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
         for key in missing:
@@ -411,7 +522,7 @@ class CallbackModule(CallbackBase):
             lock = None
             try:
                 if fleet:
-                    lock = Lock(name, fleet=fleet, ttl=float(self.get_option("ttl")), label=label, mode=wanted[key],
+                    lock = Lock(name, fleet=fleet, ttl=self._opt["ttl"], label=label, mode=wanted[key],
                                 on_lost=lambda *_a, name=name: self._on_lost(name))
                 else:
                     lock = Lock(name, directory=directory, label=label, mode=wanted[key])
@@ -450,7 +561,7 @@ class CallbackModule(CallbackBase):
 
     def _report_busy(self, hosts: list[str]) -> None:
         """Check mode: name who holds a host's lock, or its bucket exclusively (a large play)."""
-        prefix, directory = self.get_option("prefix"), self.get_option("directory")
+        prefix, directory = self._opt["prefix"], self._opt["directory"]
         seen: set[str] = set()
         for host in hosts:
             for name, shared_ok in ((lock_name(prefix, host), False), (bucket_name(prefix, bucket_of(host)), True)):
@@ -559,8 +670,8 @@ class CallbackModule(CallbackBase):
             # the etcd key prefix, not the URL: control nodes may list the endpoints differently
             where = "etcd:" + parse(fleet).prefix
         else:
-            where = os.path.abspath(self.get_option("directory") or default_directory())
-        key = f"{where}\0{self.get_option('prefix')}".encode("utf-8", "surrogateescape")
+            where = os.path.abspath(self._opt["directory"] or default_directory())
+        key = f"{where}\0{self._opt['prefix']}".encode("utf-8", "surrogateescape")
         return hashlib.sha256(key).hexdigest()[:12]
 
     def _waited_in_flight(self, result: t.Any, data: dict) -> None:
@@ -568,12 +679,12 @@ class CallbackModule(CallbackBase):
         if getattr(task, "name", None) != WAIT_TASK:
             return
         host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
-        for line in (data.get("stdout") or "").splitlines():
-            self._say(f"[{_clock()}] hostlock.core.serialize: host {host}: {line}")
+        for line in (data.get("stdout") or "").splitlines():  # a command line of the host's: inert here
+            self._say(f"[{_clock()}] hostlock.core.serialize: host {host}: {one_line(line)}")
         if data.get("rc") == EXIT_BUSY:
             self._end_run(
                 f"hostlock.core.serialize: host {host} still runs an earlier run's task after the timeout "
-                f"({data.get('stdout') or '?'}); ending this run. Raise the timeout "
+                f"({one_line(data.get('stdout') or '?')}); ending this run. Raise the timeout "
                 "(HOSTLOCK_SERIALIZE_TIMEOUT) or retry later.",
                 EXIT_BUSY,
             )
@@ -655,7 +766,7 @@ class CallbackModule(CallbackBase):
     # -- end of the playbook ---------------------------------------------------------------------
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
         self._release_all()
-        if self.get_option("recap") and (self._waits or self._uses):
+        if self._opt["recap"] and (self._waits or self._uses):
             self._print_recap()
         now = time.time()
         for (host, name), leases in sorted(self._leases.items()):

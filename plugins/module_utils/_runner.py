@@ -136,12 +136,20 @@ def own_holders(holders: list, marker: str | None) -> list:
     return [h for h in holders if not h.get("stale") and marker in (h.get("label") or "")]
 
 
-def controller_gone(fd: int = 1) -> bool:
-    """Whether the reading end of our stdout is closed: the controller or its connection is gone.
+def controller_gone(fd: int = 1, controller: str | None = None) -> bool:
+    """Whether the reading end of our stdout is closed, or the controller process is: the run is gone.
 
     The module's stdout is the pipe (or socket) to ansible's local connection or sshd; when that side
-    closes, poll() reports POLLERR/POLLHUP on our end. A terminal or a file never does.
+    closes, poll() reports POLLERR/POLLHUP on our end. A terminal or a file never does. On the local
+    connection a SIGKILLed ansible-playbook leaves its worker reading our stdout: `controller` ("PID:START",
+    the run's process as the action saw it, on this same machine) is then what tells that the run is gone.
     """
+    if controller:
+        from .hostlock._owner import is_alive
+
+        pid, _sep, start = controller.partition(":")
+        if pid.isdigit() and start.isdigit() and is_alive(int(pid), start, None, None) is False:
+            return True
     try:
         p = select.poll()
         p.register(fd, select.POLLERR | select.POLLHUP)
@@ -156,6 +164,7 @@ def acquire(
     holders_of: object = None,
     marker: str | None = None,
     watch_controller: bool = True,
+    controller: str | None = None,
 ) -> float:
     """Take `lock`, waiting up to `timeout` (None: as long as it takes); returns the seconds waited.
 
@@ -174,7 +183,7 @@ def acquire(
             raise
     deadline = None if timeout is None else started + timeout
     while True:
-        if watch_controller and controller_gone():
+        if watch_controller and controller_gone(controller=controller):
             raise ControllerGone()
         if marker and holders_of is not None:
             mine = own_holders(holders_of(), marker)  # type: ignore[operator]
@@ -423,6 +432,7 @@ def run_locked(
     holders_of: object = None,
     marker: str | None = None,
     module: str | None = None,
+    controller: str | None = None,
 ) -> dict:
     """Take `lock`, run `payload` under it, release; returns the module's result plus lock timings.
 
@@ -430,7 +440,7 @@ def run_locked(
     waits for the result any more) before anything runs.
     The returned result's "hostlock" key carries waited/held seconds (measured here, on the host).
     """
-    waited = acquire(lock, timeout, holders_of, marker)
+    waited = acquire(lock, timeout, holders_of, marker, controller=controller)
     held_from = time.monotonic()
     try:
         if module:

@@ -28,11 +28,15 @@ description:
   - The task's result is the wrapped module's result (so C(register), C(changed_when),
     C(failed_when) and C(--diff) work as for the module itself) plus RV(hostlock) with the lock's
     wait and hold times.
-  - Modules that come with their own action plugin on the controller (C(copy), C(template),
-    C(fetch), C(package), ...) are refused at once, except C(command) and C(shell); lock those in a
-    C(block) under M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true), which the
-    refusal message spells out (see the collection's docs/ansible.md). With O(fleet) the lock is
-    held on the controller, so those run under it too.
+  - Modules that come with their own action plugin on the controller (C(template), C(copy),
+    C(fetch), C(package), C(service), C(script), C(raw), ...), except C(command) and C(shell), run
+    partly on the controller and may run several modules on the host; for them the lock is a heartbeat
+    lease on the host (as M(hostlock.core.lock) with O(hostlock.core.lock#module:heartbeat=true) takes),
+    held from before the task's first step to after its last, renewed from the controller while the run
+    lives, and the task's processes on the host carry the lease's in-flight mark (its environment), so a
+    killed run's lease frees the lock only after them (C(raw) takes no environment: its command is not
+    marked). See the collection's docs/ansible.md for exactly what the lock covers. With O(fleet) the lock
+    is held on the controller.
   - With O(fleet), the lock is a fleet lock in etcd, shared by every run, control node and host that
     uses the same etcd and name, taken and released by the controller (see O(fleet)).
 options:
@@ -91,9 +95,11 @@ options:
     description:
       - When the lock is still held by others after O(timeout), V(fail) fails the task naming the
         holders, V(skip) skips it (the wrapped module does not run).
-      - A lock held by the same playbook run (a M(hostlock.core.lock) lease of the same name taken
-        earlier in the run, another host of the play whose lock is delegated to the same host) fails (or,
-        with V(skip), skips) at once whatever O(timeout) says, as waiting for it would never end.
+      - A lock held by a M(hostlock.core.lock) lease of the same playbook run (taken earlier in the run and
+        not released yet) fails (or, with V(skip), skips) at once whatever O(timeout) says, as waiting for
+        it would never end. A lock held by another host's M(hostlock.core.locked) task of the same run (one
+        name delegated to one host, or many inventory aliases of one machine) ends by itself: the hosts
+        take turns, each waiting up to O(timeout).
     type: str
     choices: [fail, skip]
     default: fail
@@ -149,6 +155,12 @@ options:
     description:
       - Internal, set by the action plugin on the controller; do not set it. The wrapped module as built
         for the host, base64-encoded.
+    type: str
+  controller:
+    description:
+      - Internal, set by the action plugin on the controller for the local connection; do not set it. The
+        C(ansible-playbook) process (C(PID:START) in clock ticks): a wait ends, and the wrapped module never
+        runs, once that process is gone, even if its worker lives on (C(kill -9) of C(ansible-playbook)).
     type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
@@ -392,13 +404,15 @@ ARGUMENT_SPEC = dict(
     ),
     # the wrapped module's arguments can hold secrets: never echo the payload back (invocation, logs)
     payload=dict(type="str", no_log=True),
+    controller=dict(type="str"),
     # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
     fleet=dict(type="str"),
     ttl=dict(type="raw"),
 )
 
-# The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
-RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
+# The controller appends "[run ID task]" to the label: a holder that ends by itself, which the run's other
+# hosts may wait for; the run's leases carry "[run ID]", which they never wait for (plugin_utils/_runid.py).
+RUN_MARKER = re.compile(r"\[run ([0-9A-Za-z._:@-]+)(?: task)?\]")
 
 
 def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
@@ -434,7 +448,7 @@ def main() -> None:
     except (HostlockError, ValueError, TypeError) as e:
         module.fail_json(msg=f"lock {name}: {engine_message(e)}")
     marker_match = RUN_MARKER.search(p["label"] or "")
-    marker = marker_match.group(0) if marker_match else None
+    marker = f"[run {marker_match.group(1)}]" if marker_match else None  # the run's leases, never its tasks
     info = dict(name=name, module=wrapped, directory=lock.directory, taken=False, waited=0.0)
     if p["path"]:
         info.update(path=p["path"], directory=None)
@@ -454,7 +468,7 @@ def main() -> None:
     try:
         # A path lock has no record to carry a run marker: nothing to tell our own run's holders apart by.
         result = run_locked(lock, payload, timeout, holders_of=None if p["path"] else holders_of,
-                            marker=None if p["path"] else marker, module=wrapped)
+                            marker=None if p["path"] else marker, module=wrapped, controller=p["controller"])
     except ControllerGone:  # nobody reads a result any more: the wrapped module never ran
         module.fail_json(msg=f"lock {name}: the controller is gone (its connection closed) while we waited; "
                          f"{wrapped} did not run", **{RESULT_KEY: info})

@@ -33,6 +33,16 @@ def run_id() -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:12]
 
 
-def run_marker() -> str:
-    """What the plugins append to a lock's label: the modules look for it among the holders."""
-    return f"[run {run_id()}]"
+def controller_process() -> str:
+    """The ansible-playbook process as "PID:START" (start time in clock ticks), computed in a forked worker."""
+    pid = os.getppid()
+    return f"{pid}:{_start_ticks(pid)}"
+
+
+def run_marker(task: bool = False) -> str:
+    """What the plugins append to a lock's label: the modules look for it among the holders.
+
+    A lease ("[run ID]") lasts until a later task releases it: the run never waits for it. A task's own lock
+    (`task`: "[run ID task]", hostlock.core.locked) ends by itself: the run's other hosts wait for it.
+    """
+    return f"[run {run_id()} task]" if task else f"[run {run_id()}]"

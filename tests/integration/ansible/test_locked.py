@@ -52,10 +52,9 @@ def test_locked_wraps_and_releases(ansible, engine, target):
     assert "two" in diff["after"] and "two" not in diff["before"], diff
     assert base64.b64decode(r["Read the written file"]["content"]) == b"one\n", "check mode wrote the file"
 
-    copied = r["Wrap an action plugin that transfers files"]
-    assert copied["_status"] == "failed" and "its own action plugin" in copied["msg"], copied
-    assert "heartbeat: true" in copied["msg"] and "always:" in copied["msg"], "the refusal names the alternative"
-    assert not (ansible.work / f"{target}-copied.txt").exists()
+    copied = r["Wrap an action plugin that transfers files"]  # issue 23: under a heartbeat lease on the host
+    assert copied["_status"] in ("ok", "changed") and copied["hostlock"]["released"], copied
+    assert (ansible.work / f"{target}-copied.txt").exists()
     absurd = r["Wrap with an absurd timeout"]
     assert absurd["_status"] == "failed" and "timeout" in absurd["msg"] and "too long" in absurd["msg"], absurd
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -478,3 +479,100 @@ def test_check_mode_takes_no_controller_lock(ansible):
         _reap(first)
     assert checked.rc == 0, checked.out
     assert f"check mode takes no lock; host loc is held by pid {first.pid}" in checked.out, checked.out
+
+
+# -- fail closed: a setting the callback cannot honour stops the run before its first task (issue 23) ------
+BAD_SETTINGS = [
+    ("timeout", "30x"), ("timeout", "-1"), ("timeout", "abc"), ("timeout", "nan"), ("timeout", "1_0"),
+    ("scope", "bogus"), ("wait_in_flight", "maybe"), ("fail_fast", "sometimes"), ("recap", "2"),
+    ("ttl", "0"), ("ttl", "soon"), ("prefix", "bad/prefix"), ("fleet", "http://127.0.0.1:1"),
+]
+
+
+@pytest.mark.parametrize("given", ["env", "ini"])
+@pytest.mark.parametrize("name,value", BAD_SETTINGS, ids=[f"{n}={v}" for n, v in BAD_SETTINGS])
+def test_a_setting_that_cannot_be_honoured_stops_the_run_before_its_first_task(ansible, name, value, given):
+    log = ansible.work / "bad.log"
+    log.touch()
+    env = {}
+    if given == "env":
+        env[f"HOSTLOCK_SERIALIZE_{name.upper()}"] = value
+    else:
+        (ansible.work / "ansible.cfg").write_text(f"[defaults]\n\n[hostlock_serialize]\n{name} = {value}\n")
+    proc = _start(ansible, "loc", "X", log, **env)
+    out = _finish(proc)
+    assert proc.returncode == 64, out
+    assert log.read_text() == "", "a task ran under a setting the callback could not honour"
+    lines = [line for line in out.splitlines() if "hostlock.core.serialize" in line]
+    assert len(lines) == 1 and f"invalid setting {name}" in lines[0] and "no play was run" in lines[0], out
+    assert "Failed to load callback plugin" not in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("value", ["30m", "1h30m", "90", "forever", "FOREVER"])
+def test_timeouts_read_as_everywhere_in_the_collection(ansible, value):
+    log = ansible.work / "good.log"
+    log.touch()
+    (ansible.work / "ansible.cfg").write_text(f"[defaults]\n\n[hostlock_serialize]\ntimeout = {value}\n")
+    proc = _start(ansible, "loc", "G", log)
+    out = _finish(proc)
+    assert proc.returncode == 0, out
+    assert "G loc start" in log.read_text() and "G loc end" in log.read_text()
+
+
+# -- the in-flight marker: honoured only from the run's own user (issue 22 item 3) --------------------------
+HOLD = "import sys; print('ready', flush=True); sys.stdin.readline()"
+UNDUMPABLE = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); " + HOLD  # PR_SET_DUMPABLE 0
+
+
+def _mark(ansible, host: str) -> str:
+    scope = hashlib.sha256(f"{ansible.ctl_lockdir}\0ansible-host@".encode()).hexdigest()[:12]
+    return f"HOSTLOCK_SERIALIZE_HOST={scope}:{host}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+@pytest.mark.parametrize("kind", ["plain", "undumpable", "run-marker-too"])
+def test_another_users_process_with_the_marker_neither_stalls_nor_delays_the_run(ansible, kind):
+    """A neighbour starts a process carrying the host's marker (the scope is the same on every default
+    installation): root's run must not wait for it, whatever it does to look like root's."""
+    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", _mark(ansible, "loc")]
+    if kind == "run-marker-too":
+        argv.append("HOSTLOCK_SERIALIZE_RUN=earlier")
+    argv += ["/usr/bin/python3", "-c", UNDUMPABLE if kind == "undumpable" else HOLD]
+    squatter = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().startswith("ready")
+        if kind == "undumpable":  # its /proc files now belong to root: only its status tells its uid
+            assert os.stat(f"/proc/{squatter.pid}/environ").st_uid == 0
+        log = ansible.work / "squat.log"
+        log.touch()
+        proc = _start(ansible, "loc", "R", log, HOSTLOCK_SERIALIZE_TIMEOUT="1h")
+        out = _finish(proc)
+        assert proc.returncode == 0, out
+        assert "waiting for pid" not in out, out
+        assert squatter.poll() is None  # it was there all along
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_the_runs_own_earlier_work_is_waited_for_and_shown_inert(ansible):
+    """Root's own marked process (an earlier run's task left behind) is waited for; its command line, which
+    holds escape sequences, reaches the controller's terminal as one inert line."""
+    gate = ansible.work / "gate-left"
+    left = subprocess.Popen(["env", _mark(ansible, "loc"), "HOSTLOCK_SERIALIZE_RUN=earlier", "/bin/sh", "-c",
+                             'while [ ! -e "$1" ]; do sleep 0.05; done', "\x1b[2J\x1b[Hfake\rline", str(gate)])
+    log = ansible.work / "own.log"
+    log.touch()
+    proc = _start(ansible, "loc", "W", log)
+    try:
+        _wait_for(lambda: _in_flight_waiters(ansible, "loc"), what="the run to wait for the left task", proc=proc)
+        assert "W loc start" not in log.read_text()
+        gate.touch()
+        out = _finish(proc)
+    finally:
+        gate.touch()
+        left.wait(30)
+        _reap(proc)
+    assert proc.returncode == 0, out
+    (line,) = [x for x in out.splitlines() if f"waiting for pid {left.pid}" in x]
+    assert "\x1b" not in out and "\r" not in line and "?[2J?[Hfake?line" in line, repr(line)

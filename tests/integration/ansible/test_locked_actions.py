@@ -1,0 +1,53 @@
+"""hostlock.core.locked around tasks with their own action plugin (issue 23 item 1): one task, one line.
+
+Real ansible-playbook, local and over the real sshd. The wrapped script and raw command try the lock
+themselves while they run (a host job of that name would be refused: exit 75), and the script sees the
+lease's in-flight mark in its environment (what a killed run's lease waits for)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+PROBE = """#!/bin/sh
+lock=$1; dir=$2; shift 2
+"$@" run -n -d "$dir" "$lock" true; echo "probe-rc=$?"
+env | grep -c '^HOSTLOCK_LEASE_' | sed 's/^/marks=/'
+"""
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_locked_takes_any_task_with_its_action_plugin_under_the_host_lock(ansible, engine, target):
+    lock = f"actions-{target}"
+    (ansible.work / "greeting.j2").write_text("hello {{ inventory_hostname }}\n")
+    probe = ansible.work / "probe.sh"
+    probe.write_text(PROBE)
+    probe.chmod(0o755)
+    run = ansible.play("locked_actions.yml", extra_vars=dict(target=target, lock=lock))
+    assert run.rc == 0, run.out
+    res = json.loads((ansible.work / f"{target}-results.json").read_text())
+    assert (ansible.work / f"{target}-greeting.txt").read_text() == f"hello {target}\n"
+    assert (ansible.work / f"{target}-copied.txt").read_text() == f"copied {target}\n"
+    fetched = list((ansible.work / "fetched" / target).rglob(f"{target}-copied.txt"))
+    assert len(fetched) == 1 and fetched[0].read_text() == f"copied {target}\n", fetched
+    for task in ("templated", "copied", "fetched", "scripted", "rawed"):
+        info = res[task]["hostlock"]
+        assert info["event"] == "locked" and info["taken"] and info["released"], (task, res[task])
+        assert res[task].get("changed") is not None, (task, res[task])
+    assert res["templated"]["changed"] and res["copied"]["changed"]
+    assert "probe-rc=75" in res["scripted"]["stdout"], res["scripted"]  # the lock was held while it ran
+    assert "marks=1" in res["scripted"]["stdout"], res["scripted"]  # and the work carried the lease's mark
+    assert "rc=75" in res["rawed"]["stdout"], res["rawed"]
+    assert engine.status(lock, directory=str(ansible.lockdir)).state == "free"
+
+
+def test_an_unknown_option_names_the_task_as_written(ansible):
+    playbook = ansible.work / "unknown.yml"
+    playbook.write_text("- hosts: loc\n  gather_facts: false\n  tasks:\n    - name: Misspelled\n"
+                        "      hostlock.core.locked:\n        name: x\n        timout: 5\n"
+                        "        task:\n          ansible.builtin.ping:\n")
+    run = ansible.play(str(playbook))
+    assert run.rc != 0, run.out
+    assert "Unsupported parameters for (hostlock.core.locked) module: timout" in run.out, run.out
+    assert "ansible_collections.hostlock" not in run.out, run.out
