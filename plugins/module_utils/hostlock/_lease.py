@@ -614,7 +614,12 @@ def _find_channel(directory: str, tid: str, denied: TokenError) -> tuple[int, st
     try:
         # Walked, never created (open_directory would make a missing lock directory).
         dirfd = _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except (PermissionError, _safepath.UnsafePath):
+    except _safepath.UnsafePath as e:
+        from ._error import LockDirectoryError
+
+        raise LockDirectoryError("cannot reach lease %s in %s: %s" % (tid, directory, e), directory=directory,
+                                 errno=e.errno) from None
+    except PermissionError:
         raise denied from None
     except OSError:
         return -1, None, None

@@ -171,3 +171,17 @@ def test_a_component_swapped_for_a_link_after_a_first_open_is_refused(arena):
     with pytest.raises(hostlock.LockDirectoryError, match="refusing %s: a symlink owned by uid" % theirs):
         hostlock.Lock("a", directory=str(theirs / "locks")).acquire(timeout=0)
     assert os.listdir(arena / "secret" / "locks") == []
+
+
+def test_release_through_a_planted_link_is_refused_and_the_lease_lives(launcher, arena):
+    """`release -d DIR` walks DIR like any other path: through another user's link it refuses (66), naming
+    the link, and does not reach (or report gone) the lease that lives behind it."""
+    real = arena / "secret" / "locks"
+    real.mkdir(mode=0o700)
+    r = hostlock(launcher, "hold", "-d", real, "leased", "--lease", "10m")
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    plant(arena / "secret", arena / "sticky" / "x")
+    refused(hostlock(launcher, "release", "-d", arena / "sticky/x/locks", "leased", token), arena / "sticky" / "x")
+    assert hostlock(launcher, "run", "-n", "-d", real, "leased", "true").returncode == 75  # still held
+    assert hostlock(launcher, "release", "-d", real, "leased", token).returncode == 0
