@@ -130,3 +130,28 @@ def test_cli_release_of_a_lease_held_in_another_netns(lockdir_shared):
                        check=False)
     assert (r.returncode, r.stderr) == (0, "")
     assert subprocess.run([*cli, "run", "-n", "cli", "true"], env=env, timeout=60, check=False).returncode == 0
+
+
+@pytest.mark.skipif(not shutil.which("nsenter"), reason="needs nsenter")
+def test_a_binder_in_the_holders_netns_cannot_answer_for_it(lockdir_shared):
+    """Another user inside the holder's own network namespace binds every abstract name it could want there
+    (after the holder's own would be gone, or beside it): renew and release from inside that namespace and
+    from this one still reach the real holder."""
+    d = lockdir_shared
+    token = _in_new_netns(HOLD, "inside", d)
+    tid = token.split(".")[0]
+    (h,) = hostlock.holders("inside", d)
+    netns = "--net=/proc/%d/ns/net" % h.pid
+    squatter = subprocess.Popen(["nsenter", netns, *NOBODY, PYTHON, "-I", "-c", SQUAT, tid], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "READY", squatter.stderr.read()
+        inside = subprocess.run(["nsenter", netns, sys.executable, "-I", "-c", ACT, LIB, "renew", "inside", token, d],
+                                capture_output=True, text=True, timeout=60, check=False)
+        assert inside.returncode == 0 and inside.stdout.strip().replace(".", "").isdigit(), inside
+        assert _held("inside", d)
+        hostlock.release("inside", token, d)
+        assert not _held("inside", d)
+    finally:
+        squatter.kill()
+        squatter.wait()
