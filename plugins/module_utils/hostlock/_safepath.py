@@ -71,7 +71,11 @@ def _why_refused(link_st: os.stat_result, dir_st: os.stat_result) -> str | None:
 
 
 def _components(path: str) -> list[str]:
-    return [p for p in path.split("/") if p and p != "."]
+    # "." stays (as the kernel, "file/." and "file/" must be ENOTDIR); a trailing slash is a trailing ".".
+    parts = [p for p in path.split("/") if p]
+    if parts and path.endswith("/"):
+        parts.append(".")
+    return parts
 
 
 def _open_dir_at(dirfd: int, name: str) -> int:
@@ -129,11 +133,11 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
                 return os.open(".", flags, mode, dir_fd=fd)
             name = pending.pop(0)
             try:
-                if pending or name == "..":
+                if pending or name in (".", ".."):
                     nfd = _open_dir_at(fd, name)  # O_NOFOLLOW: a symlink gives ELOOP (ENOTDIR with O_PATH)
                     os.close(fd)
                     fd = nfd
-                    shown += name + "/"
+                    shown += "" if name == "." else name + "/"
                     continue
                 got = os.open(name, flags | _O_NOFOLLOW, mode, dir_fd=fd)
                 if not (_O_PATH and flags & _O_PATH and stat.S_ISLNK(os.fstat(got).st_mode)):
@@ -142,7 +146,7 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
             except OSError as exc:
                 # A symlink gives ELOOP with O_NOFOLLOW (EMLINK on FreeBSD), ENOTDIR with O_DIRECTORY|O_PATH,
                 # EACCES with O_CREAT in a sticky directory (Linux 6): whatever the errno, look at what is there.
-                if not (pending or name == ".." or follow_last) or not _is_symlink(fd, name):
+                if not (pending or name in (".", "..") or follow_last) or not _is_symlink(fd, name):
                     raise exc from None
             target = _follow(fd, name, shown + name, hops)
             if target.startswith("/"):
