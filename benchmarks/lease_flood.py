@@ -25,12 +25,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import hostlock  # noqa: E402 - path set up just above
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-I", "-c"]
+# The holder's socket is the file .lease-ID.sock (mode 0600) in the lock directory: another user's connects
+# are refused by the kernel (EACCES), so these attackers cost the holder nothing; they still try.
 IDLE = r"""
 import socket, sys
 keep = []
 for _ in range(500):
     s = socket.socket(socket.AF_UNIX)
-    s.connect("\0hostlock-lease/" + sys.argv[1])
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        s.close()
+        continue
     keep.append(s)
 print("READY", flush=True)
 sys.stdin.read()
@@ -41,27 +47,27 @@ print("READY", flush=True)
 while True:
     s = socket.socket(socket.AF_UNIX)
     try:
-        s.connect("\0hostlock-lease/" + sys.argv[1])
+        s.connect(sys.argv[1])
     except OSError:
         pass
     s.close()
 """
 
 
-def _start(code: str, tid: str) -> subprocess.Popen:
-    p = subprocess.Popen(NOBODY + [code, tid], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def _start(code: str, address: str) -> subprocess.Popen:
+    p = subprocess.Popen(NOBODY + [code, address], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "READY"
     return p
 
 
 def one(kind: str, d: str) -> float:
     token = hostlock.hold("bench", lease=600, directory=d)
-    tid = token.split(".")[0]
+    address = os.path.join(d, ".lease-%s.sock" % token.split(".")[0])
     attackers = []
     if kind == "500 idle":
-        attackers = [_start(IDLE, tid)]
+        attackers = [_start(IDLE, address)]
     elif kind == "connect loop":
-        attackers = [_start(LOOP, tid), _start(LOOP, tid)]
+        attackers = [_start(LOOP, address), _start(LOOP, address)]
     try:
         t0 = time.perf_counter()
         hostlock.release("bench", token, d)
@@ -79,6 +85,7 @@ def main() -> int:
     kinds = ["quiet", "500 idle", "connect loop"]
     samples: dict = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as d:
+        os.chmod(d, 0o755)  # the attacker reaches the socket file (and is refused by its mode)
         for _round in range(args.rounds):
             for k in kinds:
                 samples[k].append(one(k, d))

@@ -387,11 +387,15 @@ def cmd_status_fleet(ns: argparse.Namespace) -> int:
 
 def cmd_status_path(ns: argparse.Namespace) -> int:
     """status --path FILE: the kernel locks on FILE's inode, their holders and jobs (from /proc)."""
-    from . import _proclocks
+    from . import _proclocks, _safepath
 
     path = ns.path
     try:
-        st = os.stat(path)  # follows symlinks, as flock(1) does when it opens the path to lock it
+        # The inode `flock`/`run --path` would lock: symlinks followed by the same rules (_safepath).
+        st = _safepath.stat_path(path)
+    except _safepath.UnsafePath as exc:
+        c.say("cannot stat %s: %s" % (c.one_line(path), exc))
+        return c.EX_NOINPUT
     except OSError as exc:
         c.say("cannot stat %s: %s" % (path, exc.strerror))
         return c.errno_exit_code(exc.errno, c.EX_NOINPUT)

@@ -57,13 +57,13 @@ class ActionModule(ActionBase):
         token = args.get("token")
         if releasing and isinstance(token, str) and not self._task.check_mode:
             # stop renewing first: a renewal racing the release could only fail, but why send it
-            _heartbeat.stop(token.partition(".")[0])
+            _heartbeat.stop(token)
         result.update(self._execute_module(module_name=LOCK_MODULE, module_args=args, task_vars=task_vars))
         info = result.get("hostlock") or {}
         if info.get("event") == "acquired" and boolean(args.get("heartbeat"), strict=False) and result.get("token"):
             try:
                 result["heartbeat"] = self._start_heartbeat(args, result, task_vars or {})
-            except OSError as e:  # no heartbeat: give the lease back rather than hold it unrenewed
+            except (OSError, ValueError) as e:  # no heartbeat: give the lease back rather than hold it unrenewed
                 which = {k: args[k] for k in ("name", "path") if args.get(k)}
                 self._execute_module(module_name=LOCK_MODULE, task_vars=task_vars, module_args=dict(
                     which, state="released", token=result["token"], directory=result.get("directory")))

@@ -317,7 +317,7 @@ class ActionModule(ActionBase):
         release = dict(which, state="released", token=token, directory=got.get("directory"))
         try:
             _hostlease.start_heartbeat(self, dict(lock_args), got, task_vars)
-        except OSError as e:  # no heartbeat: give the lease back rather than hold it unrenewed
+        except (OSError, ValueError) as e:  # no heartbeat: give the lease back rather than hold it unrenewed
             self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=release, task_vars=task_vars)
             return dict(failed=True, msg=f"lock {shown}: cannot start the lease's heartbeat on the control node "
                         f"({e}); {fqcn} did not run", **{RESULT_KEY: info})
@@ -328,7 +328,7 @@ class ActionModule(ActionBase):
             env = {} if fqcn in RAW else dict(got.get("environment") or {})
             result = self._run_wrapped(fqcn, module_args, task_vars, env)
         finally:
-            _heartbeat.stop(str(got.get("token_id") or token.partition(".")[0]))
+            _heartbeat.stop(token)
             freed = self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=release,
                                          task_vars=task_vars)
             info["released"] = not freed.get("failed")

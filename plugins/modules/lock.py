@@ -741,8 +741,13 @@ class Task:
             else:
                 expires = renew(self.name, self.p["token"], lease=self.p["lease"], directory=self.directory)
         except TokenError as e:
+            live = live_holders(self.holders)
+            now = describe_holders(live) if live else "nobody"  # never "released meanwhile": maybe never held
+            if getattr(e, "reason", "") in ("malformed", "refused"):
+                raise HostlockError(f"cannot renew: {e}. The token is not a lease on this lock (a wrong token: "
+                                    f"another lock's, or from another run); holders now: {now}") from e
             raise HostlockError(f"cannot renew: {e}. The lock is not ours any more: take it again "
-                                f"(holders now: {describe_holders(live_holders(self.holders))})") from e
+                                f"(holders now: {now})") from e
         self.refresh()
         until = time.strftime("%H:%M:%S", time.localtime(expires))
         return self.result("renewed", True, f"renewed the lease on {self.name} until {until}", acquired=True,

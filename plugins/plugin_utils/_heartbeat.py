@@ -8,7 +8,8 @@ Not a public API; other collections must not import it.
 A lease taken with `heartbeat: true` is short (its `lease`, 60 s by default); a small process on the
 control node renews it every quarter lease for as long as the `ansible-playbook` run that took it lives:
 
-- the matching `state: released` task stops it first (stop(), over an abstract Unix socket);
+- the matching `state: released` task stops it first (stop(), over an abstract Unix socket whose name
+  carries a proof from the lease's secret: see _address);
 - when the run ends, however it ends (normal end, Ctrl-C, SIGTERM, SIGKILL: it watches the run's
   process through a pidfd), it shortens the lease to EXPIRE_NOW so that the holder on the host frees the
   lock as soon as the run's in-flight work there has ended (the holder waits for processes carrying
@@ -23,6 +24,8 @@ input, output and error on /dev/null (it never holds a caller's pipe open).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import select
 import socket
@@ -32,7 +35,8 @@ import time
 import typing as t
 import warnings
 
-# Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant.
+# Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant. Any
+# user can bind any free abstract name, so the name must be one nobody else can know first: see _address.
 SOCKET_PREFIX = "\0hostlock-heartbeat/"
 # The lease a heartbeat sets when its run is gone: the holder on the host ends it at once (after the
 # in-flight work). Durations must be positive, so not 0.
@@ -44,8 +48,24 @@ RENEWALS_PER_LEASE = 4
 OK, GONE, UNREACHABLE = "ok", "gone", "unreachable"
 
 
-def _address(token_id: str) -> str:
-    return SOCKET_PREFIX + token_id
+def _address(token: str) -> str:
+    """`@hostlock-heartbeat/ID.PROOF`: the lease's public id (so a person can tell which lease it serves)
+    and an HMAC of it under the lease's secret. The id is public as soon as the holder on the host binds
+    its own socket (world-readable /proc/net/unix, `status`), so a name made of the id alone could be
+    bound first by any local user, failing every heartbeat task (issue 22 item 4); the proof is known only
+    to whoever has the token: the run that took the lease."""
+    tid, _sep, secret = token.partition(".")
+    if not tid or not secret:
+        raise ValueError("a heartbeat needs the whole lease token")
+    proof = hmac.new(secret.encode(), b"hostlock-heartbeat\0" + tid.encode(), hashlib.sha256).hexdigest()[:32]
+    return SOCKET_PREFIX + tid + "." + proof
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))[1]
 
 
 def _pidfd(pid: int) -> int | None:
@@ -67,14 +87,20 @@ def _start_ticks(pid: int) -> str | None:
         return None
 
 
-def stop(token_id: str, timeout: float = 10.0) -> bool:
-    """Tell the heartbeat of this lease to stop renewing and exit; False if there was none."""
+def stop(token: str, timeout: float = 10.0) -> bool:
+    """Tell the heartbeat of this lease (the whole token) to stop renewing and exit; False if there was none."""
+    try:
+        address = _address(token)
+    except ValueError:
+        return False
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         try:
-            sock.connect(_address(token_id))
+            sock.connect(address)
         except OSError:  # no heartbeat (never started, or gone already)
+            return False
+        if _peer_uid(sock) not in (None, os.getuid()):  # not our heartbeat: nothing of ours listens there
             return False
         sock.sendall(b"stop\n")
         return sock.recv(16).startswith(b"ok")
@@ -84,14 +110,19 @@ def stop(token_id: str, timeout: float = 10.0) -> bool:
         sock.close()
 
 
-def start(renew: t.Callable[[float], str], token_id: str, lease: float, run_pid: int) -> int:
+def start(renew: t.Callable[[float], str], token: str, lease: float, run_pid: int) -> int:
     """Start the heartbeat of one lease; returns its pid once it listens for stop().
 
     `renew(seconds)` renews the lease on the host through the task's connection and returns OK, GONE
     or UNREACHABLE; it runs in the heartbeat process, a copy of this worker.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(_address(token_id))  # before the fork: stop() can reach it as soon as we return
+    # Before the fork: stop() can reach it as soon as we return. On failure the socket is closed here.
+    try:
+        sock.bind(_address(token))
+    except (OSError, ValueError):
+        sock.close()
+        raise
     sock.listen(8)
     run_fd = _pidfd(run_pid)
     run_start = _start_ticks(run_pid)
@@ -196,11 +227,9 @@ class _Heartbeat:  # pragma: no cover - runs in the heartbeat process; tested th
             return False
         try:
             conn.settimeout(5)
-            opt = getattr(socket, "SO_PEERCRED", None)
-            if opt is not None:
-                uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))[1]
-                if uid not in (os.getuid(), 0):  # only the run's user (or root) may stop it
-                    return False
+            uid = _peer_uid(conn)
+            if uid is not None and uid not in (os.getuid(), 0):  # only the run's user (or root) may stop it
+                return False
             if conn.recv(16).startswith(b"stop"):
                 conn.sendall(b"ok\n")
                 return True

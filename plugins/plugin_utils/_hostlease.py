@@ -55,5 +55,6 @@ def start_heartbeat(action: t.Any, args: dict, result: dict, task_vars: dict) ->
         return _heartbeat.OK
 
     # Workers are forked by the ansible-playbook process: the run is our parent.
-    pid = _heartbeat.start(renew, result["token_id"], lease, os.getppid())
+    # The whole token: the heartbeat's socket name carries a proof made with its secret (_heartbeat._address).
+    pid = _heartbeat.start(renew, result["token"], lease, os.getppid())
     return dict(pid=pid, every=round(lease / _heartbeat.RENEWALS_PER_LEASE, 3), lease=lease)

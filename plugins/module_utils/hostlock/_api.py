@@ -262,16 +262,20 @@ class Lock:
             self._prefix = record_prefix(self.mode, self._extra)
             self._prefix_pid = _Self.pid
 
-    def _record_bytes(self, slot: int | None, ticket: int | None = None) -> bytes:
-        self._refresh_prefix()
-        return build_record(self._prefix, slot, ticket)
-
     def _built_record(self, slot: int | None, ticket: int | None = None) -> bytes:
         """The record from the prefix _acquire has just refreshed (same process: no fork in between)."""
         return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: Held) -> None:
-        self._locker.write_record(held, self._record_bytes(held.slot, getattr(held, "ticket", None)))
+        # Rewritten while held (a job's pid, a lease renewal): status's SINCE stays when the lock was taken.
+        old = self._own_record()
+        at = old.get("at") if old else None
+        try:
+            taken = float(at) if at else None
+        except ValueError:
+            taken = None
+        self._refresh_prefix()
+        self._locker.write_record(held, build_record(self._prefix, held.slot, getattr(held, "ticket", None), taken))
 
     def _own_record(self) -> dict | None:
         if self._held is None:

@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 
+from . import _safepath
 from ._error import LockDirectoryError, LockFileError, MechanismError
 
 TYPE_CHECKING = False
@@ -93,7 +94,11 @@ def open_directory(path: str) -> tuple[int, bool]:
     if "\0" in path:
         raise LockDirectoryError("lock directory path contains a NUL byte", directory=path)
     try:
-        fd = os.open(path, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+        # Every component walked (_safepath): no symlink another user could plant above the directory.
+        fd = _safepath.open_directory(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    except _safepath.UnsafePath as e:
+        raise LockDirectoryError("cannot open lock directory %s: %s" % (path, e), directory=path,
+                                 errno=e.errno) from None
     except FileNotFoundError:
         _create(path)
         return open_directory(path)
@@ -131,8 +136,13 @@ def _create(path: str) -> None:
                                      "it, or set HOSTLOCK_DIR" % (path, parent), directory=path)
         _create_parents(path, parent)
     try:
-        # Private by default; sharing with a group is an administrator's decision (the cli role).
-        os.mkdir(path, 0o700 if os.geteuid() else 0o755)
+        # Private by default; sharing with a group is an administrator's decision (the cli role). Made in
+        # the parent as walked (_safepath), so a symlink swapped in above it cannot move it elsewhere.
+        pfd = _safepath.open_path(os.path.dirname(path.rstrip("/")) or ".", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        try:
+            os.mkdir(os.path.basename(path.rstrip("/")), 0o700 if os.geteuid() else 0o755, dir_fd=pfd)
+        finally:
+            os.close(pfd)
     except FileExistsError:
         return
     except OSError as e:

@@ -6,12 +6,20 @@ hold() forks a detached holder (new session, double fork, every inherited descri
 /dev/null, so it never keeps an SSH connection or a module's pipes open). The holder takes the lock, then
 keeps it until release(), until the lease ends, or until it is killed; kernel locks then free at once.
 
-The control channel is a Unix socket named by the token's public id, which status shows to anyone, so
-it is built to survive everyone who can reach it (docs/security.md, "Leases"):
-- On Linux the name is in the abstract namespace (it vanishes with the holder: nothing to clean up after
-  SIGKILL, no directory another user could squat or swap), bound before the id is published anywhere, so
-  nobody can take the name first. Any local user can connect to it: the holder checks SO_PEERCRED at
-  accept and closes every peer that is neither its own uid nor root before reading a byte.
+The control channel is a Unix socket named by the token's public id, which status shows to anyone, so it
+is built to survive everyone who can reach it (docs/security.md, "Leases"):
+- It is a pathname socket, `.lease-ID.sock` in the lock directory (for a path lease, the path's directory
+  when no other user can change its entries), bound before the id is published anywhere, so nobody can
+  take the name first, and in a directory where nobody else can remove or replace it. Pathname sockets
+  work across network namespaces that share the filesystem (`unshare -n`, containers, PrivateNetwork=);
+  abstract ones are per network namespace, where anyone could bind a holder's name from outside it. It
+  is bound mode 0600 through the directory's descriptor (/proc/self/fd/N/NAME: nothing above it walked
+  again, no sun_path length limit), so only the holder's uid and root can connect; any peer that does is
+  checked again with SO_PEERCRED at accept, and every one that is neither the holder's uid nor root is
+  closed before a byte is read. A Linux holder whose directory cannot take the file (not writable,
+  another user could change its entries) falls back to the abstract `@hostlock-lease/ID`, reachable from
+  its own network namespace only. A SIGKILLed holder leaves its file: the next client that finds nobody
+  listening removes it (if it is that client's own or the client is root).
 - Requests and answers are proven with HMAC-SHA256 keyed by the token's secret, which never crosses the
   socket: the holder compares the request's proof with hmac.compare_digest; the client accepts an "OK"
   only with the holder's proof over its fresh nonce, so a process that binds the name after the holder
@@ -27,6 +35,7 @@ import errno
 import hashlib
 import hmac
 import os
+import stat
 import sys
 import time
 
@@ -40,7 +49,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a 
 
     from ._api import Lock
 
-_SOCKET_PREFIX = "\0hostlock-lease/"  # Linux abstract namespace: no file to clean up after a SIGKILL
+_SOCKET_FILE = ".lease-%s.sock"  # in the lock directory: a dot file, never taken for a lock by list or gc
+_ABSTRACT_PREFIX = "\0hostlock-lease/"  # the Linux fallback where the directory cannot take the socket
 _PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
 _MAX_REQUEST = 512  # bytes: a request is one short line; longer is garbage
 _REQUEST_SECONDS = 5.0  # a peer gets this long to send its whole request
@@ -48,10 +58,24 @@ _MAX_CONNECTIONS = 64  # idle peers kept at once (only the holder's uid and root
 _CLIENT_SECONDS = 10.0  # the most renew()/release() wait for a holder that does not answer
 
 
-def _address(directory: str, token_id: str) -> str:
-    if sys.platform.startswith("linux"):
-        return _SOCKET_PREFIX + token_id
-    return os.path.join(directory, ".lease-%s.sock" % token_id)
+def _via(dirfd: int, directory: str, entry: str) -> str:
+    """A socket address for `entry` in the directory held by `dirfd`: on Linux /proc/self/fd/N/ENTRY, walked
+    no further than that descriptor and short whatever the directory's path; elsewhere the path."""
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self/fd"):
+        return "/proc/self/fd/%d/%s" % (dirfd, entry)
+    return os.path.join(directory, entry)
+
+
+def _open_channel_dir(directory: str, path_lease: bool) -> int:
+    """The directory holding the channel's socket: the lock directory (trusted by open_directory) or, for a
+    path lease, the path's directory walked by _safepath."""
+    if path_lease:
+        from . import _safepath
+
+        return _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    from ._directory import open_directory
+
+    return open_directory(directory)[0]
 
 
 def _proof(secret: str, kind: str, text: str) -> str:
@@ -187,9 +211,11 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a peer that hangs up is that connection's problem
     from ._api import Lock
 
+    listener: _Listener | None = None
     try:
-        # Bind before the record below publishes the id: nobody can take the name first and answer for us.
-        sock = _listen(directory, token_id)
+        # Bound before hold() returns the token: the name comes from the secret, so nobody can take it first.
+        listener = _Listener(directory, token_id, path is not None)
+        sock = listener.sock
         lock: Lock | _PathHolding
         if path is not None:
             lock = _PathHolding(path, mode=mode)
@@ -200,31 +226,30 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
         try:
             lock.acquire(timeout)
         except LockTimeout:
+            listener.close()
             report("TIMEOUT")
             return
         expires = time.time() + lease
         lock.update_record(lease="%.3f" % expires)
     except BaseException as e:  # noqa: BLE001 - reported to hold() as one line
+        if listener is not None:
+            listener.close()  # no socket file left behind by a holder that never held
         report("ERR %s" % e)
         return
     report("OK %.3f" % expires)
     os.close(w)
     try:
         channel = _Channel(sock, lock, name, secret, lease)
+        channel.listener = listener
         channel.serve()
         if in_flight and not channel.done:  # the lease ran out: its owner stopped renewing, never said "done"
-            sock.close()
+            listener.close()
             key, value = _in_flight_entry(token_id, secret)
             lock.update_record(lease="", job_cmdline="waiting for the in-flight work of its lease to end")
             wait_in_flight(key, value)
     finally:
-        sock.close()  # stop answering first, so nobody reaches a holder that no longer holds
+        listener.close()  # stop answering first, so nobody reaches a holder that no longer holds
         lock.release()
-        if not _address(directory, token_id).startswith("\0"):
-            try:
-                os.unlink(_address(directory, token_id))
-            except OSError:
-                pass
 
 
 IN_FLIGHT_PREFIX = "HOSTLOCK_LEASE_"
@@ -301,22 +326,52 @@ def wait_in_flight(key: str, value: str, poll: float = 0.2) -> None:
                 os.close(fd)
 
 
-def _listen(directory: str, tid: str) -> socket.socket:
-    import socket
+class _Listener:
+    """The holder's bound socket and where it lives, so that it can remove exactly its own file at the end."""
 
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address = _address(directory, tid)
-    # Where there is no SO_PEERCRED (no abstract namespace either), the socket file's mode does its job:
-    # only our uid and root may connect to a 0600 socket.
-    old = os.umask(0o177)
-    try:
-        sock.bind(address)
-    finally:
-        os.umask(old)
-    # A deep backlog: connections of other users wait there only until the next accept round drops them.
-    sock.listen(socket.SOMAXCONN)
-    sock.setblocking(False)
-    return sock
+    def __init__(self, directory: str, tid: str, path_lease: bool) -> None:
+        import socket
+
+        from ._safepath import _entries_safe
+
+        self.dirfd = _open_channel_dir(directory, path_lease)
+        self.entry: str | None = _SOCKET_FILE % tid
+        self.ino = -1
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A 0600 socket: only our uid and root may connect (and SO_PEERCRED checks it again at accept).
+        old = os.umask(0o177)
+        try:
+            try:
+                if not _entries_safe(os.fstat(self.dirfd)):  # another user could swap our socket for theirs
+                    raise PermissionError(errno.EPERM, "directory entries not safe from other users")
+                self.sock.bind(_via(self.dirfd, directory, self.entry))
+                self.ino = os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino
+            except OSError:
+                if not sys.platform.startswith("linux"):
+                    raise
+                # A directory that cannot take the socket (read-only, not ours): the abstract namespace,
+                # under the same secret name, reachable from this network namespace only.
+                self.entry = None
+                self.sock.bind(_ABSTRACT_PREFIX + tid)
+        finally:
+            os.umask(old)
+        # A deep backlog: connections of other users wait there only until the next accept round drops them.
+        self.sock.listen(socket.SOMAXCONN)
+        self.sock.setblocking(False)
+
+    def close(self) -> None:
+        """Stop answering and remove our socket file (only if it is still ours: same inode)."""
+        self.sock.close()
+        if self.dirfd < 0:
+            return
+        try:
+            if self.entry is not None and \
+                    os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino == self.ino:
+                os.unlink(self.entry, dir_fd=self.dirfd)
+        except OSError:
+            pass
+        os.close(self.dirfd)
+        self.dirfd = -1
 
 
 def _peer_uid(conn: socket.socket) -> int | None:
@@ -361,6 +416,7 @@ class _Channel:
         self.deadline = time.monotonic() + lease
         self.trusted = {os.getuid(), 0}  # whoever could signal the holder anyway
         self.done = False
+        self.listener: _Listener | None = None
 
     def serve(self) -> None:
         while not self.done:
@@ -446,14 +502,19 @@ class _Channel:
         verb, name, nonce, arg, proof = words[1:]
         expected = _proof(self.secret, "request", " ".join(words[:5]))
         # Constant time: the comparison must not tell a guesser how much of the proof was right.
-        if not hmac.compare_digest(proof.encode(), expected.encode()) or name != self.name:
+        if not hmac.compare_digest(proof.encode(), expected.encode()):
             return b"ERR wrong token\n"
+        if name != self.name:  # an authentic request, for another lock: the caller mixed up its tokens
+            return b"ERR wrong token: it is the lease of another lock, not of this one\n"
         if verb == "release":
             # Unlock first, then answer: when release() returns, the lock is free. Done first: if the
             # unlock fails, the holder still ends (and its exit frees a kernel lock).
             self.done = True
             self.sel.unregister(self.sock)
-            self.sock.close()
+            if self.listener is not None:
+                self.listener.close()  # closed and its file removed before the answer: nothing left behind
+            else:
+                self.sock.close()
             self.lock.release()
             body = "OK"
         elif verb == "renew":
@@ -489,8 +550,13 @@ class _Channel:
         conn.close()
 
 
-def _exchange(address: str, request: bytes, deadline: float, gone: TokenError) -> str:
-    """Send one request and read one line back; '' when the holder hung up without answering."""
+def _exchange(address: str, request: bytes, deadline: float, gone: TokenError, owner: int | None = None,
+              denied: TokenError | None = None) -> str:
+    """Send one request and read one line back; '' when the holder hung up without answering.
+
+    The listening peer must be of our uid or root's (a holder refuses every other user anyway), or, for a
+    root client, of the uid that owns the socket file (`owner`): anything else is not our holder.
+    """
     import socket
     import struct
 
@@ -507,10 +573,16 @@ def _exchange(address: str, request: bytes, deadline: float, gone: TokenError) -
         except OSError as e:
             if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
                 raise gone from None
+            if e.errno in (errno.EACCES, errno.EPERM):  # a 0600 socket: the holder's uid and root only
+                raise (denied or gone) from None
             if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 raise HostlockError("the holder of lease %s did not accept a connection within %gs" % (
                     address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
             raise
+        server = _peer_uid(sock)
+        me = os.geteuid()
+        if server is not None and server not in (me, 0) and not (me == 0 and server == owner):
+            raise gone
         try:
             sock.sendall(request)
         except (BrokenPipeError, ConnectionResetError):
@@ -532,6 +604,59 @@ def _exchange(address: str, request: bytes, deadline: float, gone: TokenError) -
     return reply.decode("ascii", "backslashreplace").strip() if reply.endswith(b"\n") else ""
 
 
+def _find_channel(directory: str, tid: str, denied: TokenError) -> tuple[int, str | None, int | None]:
+    """Where the holder listens: (dirfd, socket file, its owner uid), or (-1, None, None) for the abstract
+    fallback (Linux; also where the directory is gone: then nobody answers and the lease is gone).
+    Raises `denied` where we may not look: the directory is not ours to search."""
+    from . import _safepath
+
+    entry = _SOCKET_FILE % tid
+    try:
+        # Walked, never created (open_directory would make a missing lock directory).
+        dirfd = _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except _safepath.UnsafePath as e:
+        from ._error import LockDirectoryError
+
+        raise LockDirectoryError("cannot reach lease %s in %s: %s" % (tid, directory, e), directory=directory,
+                                 errno=e.errno) from None
+    except PermissionError:
+        raise denied from None
+    except OSError:
+        return -1, None, None
+    try:
+        st = os.stat(entry, dir_fd=dirfd, follow_symlinks=False)
+    except OSError as e:
+        os.close(dirfd)
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise denied from None
+        return -1, None, None
+    if not stat.S_ISSOCK(st.st_mode):  # never connect through a symlink (or to anything but a socket)
+        os.close(dirfd)
+        return -1, None, None
+    return dirfd, entry, st.st_uid
+
+
+def _remove_stale(dirfd: int, directory: str, entry: str, owner: int | None) -> None:
+    """A socket file nobody listens on is a holder's that was killed (SIGKILL leaves it): remove it if it
+    is ours to remove. Its name came from a secret, so no live holder can have bound it again."""
+    import socket
+
+    if owner not in (os.geteuid(),) and os.geteuid() != 0:
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(_via(dirfd, directory, entry))
+    except ConnectionRefusedError:
+        try:
+            os.unlink(entry, dir_fd=dirfd)
+        except OSError:
+            pass
+    except OSError:
+        pass
+    finally:
+        probe.close()
+
+
 def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-", path: str | None = None) -> str:
     """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
     from ._directory import default_directory
@@ -546,17 +671,31 @@ def _request(name: str, token: str, directory: str | None, verb: str, arg: str =
     shown = path if path is not None else name
     gone = TokenError("no lease %s on lock %r: it expired, was released, or its holder died" % (tid, shown),
                       directory=directory, reason="gone")
+    denied = TokenError("lease %s refused the request for lock %r: not the lease holder's user" % (tid, shown),
+                        directory=directory, reason="refused")
     deadline = time.monotonic() + _CLIENT_SECONDS
-    while True:
-        nonce = os.urandom(16).hex()
-        text = "%s %s %s %s %s" % (_PROTOCOL, verb, name, nonce, arg)
-        reply = _exchange(_address(directory, tid), ("%s %s\n" % (text, _proof(secret, "request", text))).encode(),
-                          deadline, gone)
-        if reply != "BUSY":
-            break
-        if time.monotonic() >= deadline:  # the holder kept dropping us for newer peers: only its own uid can
-            raise HostlockError("the holder of lease %s stayed busy for %gs" % (tid, _CLIENT_SECONDS),
-                                directory=directory, errno=errno.ETIMEDOUT)
+    dirfd, entry, owner = _find_channel(directory, tid, denied)
+    try:
+        while True:
+            nonce = os.urandom(16).hex()
+            text = "%s %s %s %s %s" % (_PROTOCOL, verb, name, nonce, arg)
+            request = ("%s %s\n" % (text, _proof(secret, "request", text))).encode()
+            if entry is None:
+                reply = _exchange(_ABSTRACT_PREFIX + tid, request, deadline, gone)
+            else:
+                try:
+                    reply = _exchange(_via(dirfd, directory, entry), request, deadline, gone, owner, denied)
+                except TokenError:
+                    _remove_stale(dirfd, directory, entry, owner)
+                    raise
+            if reply != "BUSY":
+                break
+            if time.monotonic() >= deadline:  # the holder kept dropping us for newer peers: only its own uid can
+                raise HostlockError("the holder of lease %s stayed busy for %gs" % (tid, _CLIENT_SECONDS),
+                                    directory=directory, errno=errno.ETIMEDOUT)
+    finally:
+        if dirfd >= 0:
+            os.close(dirfd)
     if not reply:
         raise gone
     body, _sep, proof = reply.rpartition(" ")
@@ -569,6 +708,11 @@ def _request(name: str, token: str, directory: str | None, verb: str, arg: str =
     raise TokenError("lease %s refused the request for lock %r: %s" % (tid, shown, (body if proven else reply)[4:]
                                                                        or "no answer"),
                      directory=directory, reason="refused")
+
+
+def channel_address(directory: str, token: str) -> str:
+    """The holder's socket file for this token in `directory` (what a connect would reach; for tests)."""
+    return os.path.join(directory, _SOCKET_FILE % _split(token)[0])
 
 
 def token_id(token: str) -> str:

@@ -256,9 +256,10 @@ def record_prefix(mode: str, extra: dict | None = None) -> bytes:
         "utf-8", "replace")
 
 
-def build_record(prefix: bytes, slot: int | None, ticket: int | None = None) -> bytes:
-    """One record line: the cached prefix plus when (and which slot, which queue ticket) it was taken."""
-    line = prefix + b"|at=%.6f" % time.time()
+def build_record(prefix: bytes, slot: int | None, ticket: int | None = None, at: float | None = None) -> bytes:
+    """One record line: the cached prefix plus when (and which slot, which queue ticket) it was taken;
+    `at` keeps the original time when a holder rewrites its record (a lease renewal is not a new hold)."""
+    line = prefix + b"|at=%.6f" % (time.time() if at is None else at)
     if slot is not None:
         line += b"|slot=%d" % slot
     if ticket is not None:

@@ -8,8 +8,8 @@ a directory read-only), or write-only for an exclusive OFD lock, then flock(2) (
 byte range). The file is never truncated or written. Unlike named locks, the caller owns the path's
 safety; two dangers are closed without changing what a correct flock script sees:
 - a FIFO would block open() forever (filelock #549): opened non-blocking, then refused;
-- a symlink another user planted in a sticky world-writable directory is refused (fs.protected_symlinks'
-  rule, enforced even where the sysctl is 0), so root cannot be made to create or lock any file.
+- a symlink another user could have planted or swapped, in any component of the path, is refused
+  (_safepath), so root cannot be made to create or lock a file elsewhere; flock(1) follows them all.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import fcntl
 import os
 import stat
 
+from . import _safepath
 from ._error import LockFileError, LockTimeout
 
 F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # missing before Python 3.9; the same on every arch
@@ -29,36 +30,24 @@ _FCNTL_TYPE = {fcntl.LOCK_EX: fcntl.F_WRLCK, fcntl.LOCK_SH: fcntl.F_RDLCK, fcntl
 CONFLICT = frozenset((errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES))
 
 
-def check_symlink(path: str) -> None:
-    """Raise LockFileError for a symlink in a sticky world-writable directory owned by neither us nor the
-    directory's owner (the rule fs.protected_symlinks applies)."""
+def _open(path: str, flags: int, mode: int) -> int:
     try:
-        link = os.lstat(path)
-    except OSError:
-        return  # nothing there yet, or unreadable: open() reports it
-    if not stat.S_ISLNK(link.st_mode):
-        return
-    try:
-        parent = os.stat(os.path.dirname(path) or ".")
-    except OSError:
-        return
-    if parent.st_mode & stat.S_ISVTX and parent.st_mode & stat.S_IWOTH and \
-            link.st_uid not in (os.geteuid(), parent.st_uid):
-        raise LockFileError("a symlink owned by uid %d in a sticky world-writable directory (refused, as "
-                            "fs.protected_symlinks does)" % link.st_uid, path=path, errno=errno.EACCES)
+        return _safepath.open_path(path, flags, mode)
+    except _safepath.UnsafePath as exc:
+        raise LockFileError(str(exc), path=path, errno=errno.ELOOP) from None
 
 
 def open_path(path: str, flags: int) -> tuple[int, int]:
     """Open `path` as flock(1) does; returns (fd, flags used). Raises OSError, or LockFileError for a FIFO
-    or a planted symlink. The descriptor is close-on-exec (callers decide who inherits it)."""
-    check_symlink(path)
+    or a symlink another user could have planted in any component of the path (_safepath: flock(1)
+    follows them all). The descriptor is close-on-exec (callers decide who inherits it)."""
     fl = (flags or os.O_RDONLY) | os.O_NOCTTY | os.O_CREAT
     try:
-        fd = os.open(path, fl | os.O_NONBLOCK, 0o666)
+        fd = _open(path, fl | os.O_NONBLOCK, 0o666)
     except IsADirectoryError:
         # Linux refuses O_CREAT on a directory; POSIX allows neither O_RDWR nor O_WRONLY there.
         fl = os.O_RDONLY | os.O_NOCTTY
-        fd = os.open(path, fl | os.O_NONBLOCK)
+        fd = _open(path, fl | os.O_NONBLOCK, 0)
     if stat.S_ISFIFO(os.fstat(fd).st_mode):
         os.close(fd)
         raise LockFileError("it is a FIFO (refused: opening it would block)", path=path, errno=errno.ENXIO)
@@ -162,7 +151,7 @@ class PathLock:
         from . import _proclocks
 
         try:
-            st = os.stat(self.path)
+            st = _safepath.stat_path(self.path)
             return [h for lk in _proclocks.locks_on(st.st_dev, st.st_ino) if not lk.waiting for h in lk.holders]
         except OSError:
             return []

@@ -52,13 +52,14 @@ def _live(engine, ansible, lock: str) -> list:
 
 
 def _heartbeats() -> set[str]:
-    """Abstract sockets of the heartbeats running on this machine (the control node)."""
+    """The lease ids of the heartbeats running on this machine (the control node): their abstract sockets
+    are named @hostlock-heartbeat/ID.PROOF."""
     names = set()
     with open("/proc/net/unix") as f:
         for line in f.read().splitlines()[1:]:
             parts = line.split()
             if len(parts) >= 8 and parts[7].startswith("@hostlock-heartbeat/"):
-                names.add(parts[7].rpartition("/")[2])
+                names.add(parts[7].rpartition("/")[2].partition(".")[0])
     return names
 
 

@@ -128,11 +128,12 @@ def test_module_waits_for_a_host_job_then_names_it(ansible, target):
 
 
 def _lease_sockets() -> set[str]:
-    """The lease holders' own control sockets (abstract Unix sockets named @hostlock-lease/ID)."""
+    """The lease holders' own control sockets (.lease-ID.sock in the lock directory; @hostlock-lease/ID where
+    the directory cannot take one)."""
     found = set()
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         fields = line.split()
-        if len(fields) >= 8 and fields[7].startswith("@hostlock-lease/"):
+        if len(fields) >= 8 and (fields[7].startswith("@hostlock-lease/") or "/.lease-" in fields[7]):
             found.add(f"socket:[{fields[6]}]")
     return found
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import textwrap
 import time
@@ -78,7 +79,7 @@ def _end(p: subprocess.Popen) -> None:
 def victim(lockdir):
     """A live 10-minute lease on "victim"; yields (token, its control address)."""
     token = hostlock.hold("victim", lease=600, directory=lockdir)
-    yield token, _lease._address(lockdir, token.split(".")[0])
+    yield token, _lease.channel_address(lockdir, token)
     try:
         hostlock.release("victim", token, lockdir)
     except hostlock.TokenError:
@@ -109,13 +110,60 @@ def test_another_user_cannot_end_or_stall_a_lease(victim, lockdir, mode):
         _end(attacker)
 
 
+CONNECT = ("import socket, sys\ns = socket.socket(socket.AF_UNIX)\ntry:\n"
+           "    s.connect(sys.argv[1].encode().decode('unicode_escape'))\n"
+           "except OSError as e:\n    print('connect:', e.strerror)\nelse:\n    print(s.recv(200).decode().strip())")
+
+
+def _connect_as_nobody(address: str) -> str:
+    return subprocess.run(NOBODY + [PYTHON, "-I", "-c", CONNECT, address.encode("unicode_escape").decode()],
+                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+@pytest.fixture
+def reachable(tmp_path):
+    """A lock directory of root's that uid 65534 can reach (mode 0755), unlike tmp_path."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="hostlock-lease-", dir="/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_another_user_cannot_even_connect_to_the_socket_file(reachable):
+    """The holder's socket file is 0600: only its uid and root can connect (the kernel refuses the rest)."""
+    token = hostlock.hold("victim", lease=600, directory=reachable)
+    try:
+        address = _lease.channel_address(reachable, token)
+        st = os.lstat(address)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == 0
+        assert _connect_as_nobody(address) == "connect: Permission denied"
+    finally:
+        hostlock.release("victim", token, reachable)
+    assert not os.path.exists(address)  # removed by the holder on its way out
+
+
+def test_abstract_fallback_refuses_another_user_before_a_byte_is_read(tmp_path):
+    """A path lease in a directory another user can change falls back to the abstract namespace, where
+    anyone can connect: SO_PEERCRED still refuses every peer that is neither the holder's uid nor root."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="hostlock-lease-", dir="/tmp")
+    try:
+        os.chown(d, 65534, 65534)  # another user's directory: they could swap a socket file there
+        os.chmod(d, 0o755)
+        token = _lease.hold("ignored", lease=600, path=os.path.join(d, "f"))
+        tid = token.split(".")[0]
+        assert not os.path.exists(os.path.join(d, ".lease-%s.sock" % tid))
+        assert _connect_as_nobody("\0hostlock-lease/" + tid) == "ERR refused: not the lease holder's user"
+        _lease.release("ignored", token, path=os.path.join(d, "f"))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def test_another_user_with_the_right_token_is_refused_before_a_byte_is_read(victim, lockdir):
     token, address = victim
-    code = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1].encode()"
-            ".decode('unicode_escape')); print(s.recv(200).decode().strip())")
-    out = subprocess.run(NOBODY + [PYTHON, "-I", "-c", code, address.encode("unicode_escape").decode()],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
-    assert out.strip() == "ERR refused: not the lease holder's user"
     # The whole client, as nobody, holding the real token: refused (not "gone"), and the lease lives.
     client = ("import sys; sys.path.insert(0, sys.argv[1]); import hostlock\n"
               "try:\n    hostlock.release('victim', sys.argv[2], sys.argv[3])\n"
@@ -158,7 +206,8 @@ def test_a_flood_by_the_holders_own_uid_cannot_crowd_out_the_owner(victim, lockd
 def test_whoever_takes_the_name_after_the_holder_ends_learns_nothing_and_fakes_nothing(lockdir):
     token = hostlock.hold("victim", lease=600, directory=lockdir)
     tid, secret = token.split(".")
-    address = _lease._address(lockdir, tid)
+    # The name a client falls back to once the holder's socket file is gone (the abstract namespace).
+    address = "\0hostlock-lease/" + tid
     hostlock.release("victim", token, lockdir)
     squat = textwrap.dedent(r"""
         import socket, sys
@@ -183,7 +232,8 @@ def test_whoever_takes_the_name_after_the_holder_ends_learns_nothing_and_fakes_n
             hostlock.release("victim", token, lockdir)
         assert e.value.reason == "gone"
         seen = p.stdout.read()
-        assert secret not in seen and "renew victim" in seen and "release victim" in seen
+        # A listener of another uid is not our holder: the client does not even send it a request.
+        assert secret not in seen and "victim" not in seen
     finally:
         p.kill()
         p.wait()
