@@ -39,7 +39,7 @@ def start_heartbeat(action: t.Any, args: dict, result: dict, task_vars: dict) ->
             action._connection._shell.tmpdir = None
         try:
             got = action._execute_module(module_name=LOCK_MODULE, module_args=dict(renewal, lease=seconds),
-                                       task_vars=task_vars)
+                                         task_vars=task_vars)
         except Exception:  # noqa: BLE001 - connection failures: the next renewal tries again
             return _heartbeat.UNREACHABLE
         finally:
