@@ -9,6 +9,7 @@ own path as another user fails here, not on the first clone in a private home.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,22 @@ def _other_user_tests(files: list) -> list:
             if any(mark in path.read_text() for mark in OTHER_USER_MARKS):
                 found.append(f)
     return found
+
+
+# A path to the checkout's own lib/ built in a test file: what another user cannot import from a private clone.
+CHECKOUT_LIB_PATH = re.compile(r"""parents\[\d\]\s*/\s*["']lib["']\s*$|["']\.\.["'],\s*["']lib["']\)""", re.M)
+
+
+def test_no_test_that_acts_as_another_user_builds_its_own_path_to_the_checkouts_lib():
+    """Static, for the suites the run below does not cover (fleet, ansible: they need servers)."""
+    offenders = []
+    for f in _tracked_files():
+        path = ROOT / f
+        if f.startswith("tests/") and f.endswith(".py") and path.name != "engine_helpers.py":
+            text = path.read_text()
+            if any(mark in text for mark in OTHER_USER_MARKS) and CHECKOUT_LIB_PATH.search(text):
+                offenders.append(f)
+    assert not offenders, "use engine_helpers.LIB (a copy every user can read) in: %s" % offenders
 
 
 def test_the_tests_that_act_as_another_user_pass_from_a_private_checkout():

@@ -20,12 +20,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+import engine_helpers
 import fleet_etcd
 import pytest
 
 from hostlock import _etcd, _fleet
 
-LIB = Path(__file__).resolve().parents[3] / "lib"
+LIB = Path(engine_helpers.LIB)  # a copy every user can read: uid 65534 runs the launcher (private checkouts)
 VERSIONS = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]
 SECRET = "s3cret-Pa55/w@rd"  # '/' and '@' inside: the URL masking must not stop at either
 GUARD = 120  # bounds a hang only
