@@ -120,6 +120,38 @@ def waker() -> Callable[[], None]:
     return wake
 
 
+class Signalled(BaseException):
+    """TERM, HUP or QUIT while waiting for a fleet lock: raised (as SIGINT raises KeyboardInterrupt) so the
+    wait unwinds and revokes its lease, and the waiter's key leaves the queue before hostlock exits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+WAIT_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+
+
+def _signalled(signum: int, _frame: object) -> None:
+    raise Signalled(signum)
+
+
+def trap_wait_signals() -> dict:
+    """While a fleet lock is waited for: WAIT_SIGNALS raise Signalled instead of killing hostlock outright
+    (its key would stay in the queue for a whole TTL, and every waiter behind it wait that long). A signal
+    ignored at start (nohup) stays ignored. Returns what untrap() restores, before the job is started."""
+    old = {}
+    for sig in WAIT_SIGNALS:
+        if _signal.getsignal(sig) == _signal.SIG_DFL:
+            old[sig] = _signal.signal(sig, _signalled)
+    return old
+
+
+def untrap(old: dict | None) -> None:
+    for sig, handler in (old or {}).items():
+        _signal.signal(sig, handler)
+
+
 def new_group_for(mode: str) -> bool:
     """--process-group MODE as a decision: auto = a group of its own unless we are a terminal's foreground
     job (there the job must stay in the foreground group to read the terminal and get its Ctrl-C)."""
