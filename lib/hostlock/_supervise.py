@@ -574,7 +574,22 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 break
             if done == pid:
                 break
+            stop_at = None
+            if not terminated and abort is not None and job.valid_until is not None:
+                # A fleet lock: SIGTERM kill_after before the lease could end, so the SIGKILL that follows
+                # lands before etcd can hand the lock on (the deadline is the holder's own: last answered
+                # keep-alive + TTL - margin, earlier than etcd's expiry). A job never outlives its lock.
+                until = job.valid_until()
+                if until is not None:
+                    left = until - job.kill_after - _boottime()
+                    if left <= 0:
+                        aborted = terminated = True
+                        deadline = terminate("the lock's lease may end within --kill-after: the job must stop")
+                        continue
+                    stop_at = time.monotonic() + left
             wake_at = deadline if beat is None else beat if deadline is None else min(deadline, beat)
+            if stop_at is not None:
+                wake_at = stop_at if wake_at is None else min(wake_at, stop_at)
             if wake_at is None:
                 info = _signal.sigwaitinfo(waited)
             else:
@@ -583,6 +598,8 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 beat = tell()
                 if deadline is None or time.monotonic() < deadline:
                     continue
+            if info is None and stop_at is not None and (deadline is None or time.monotonic() < deadline):
+                continue  # the lease's stop time (or near it): checked again at the top
             if info is None:  # the deadline passed
                 if not terminated:
                     timed_out = terminated = True

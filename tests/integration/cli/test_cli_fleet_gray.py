@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import time
 
+import fleet_etcd
 import pytest
 from cli_support import wait_file
 from test_cli_fleet import controller, gated, status, wait_waiters
 from test_cli_fleet_waiters import GUARD, TTL
-
-import fleet_etcd
 
 
 @pytest.fixture
