@@ -467,30 +467,39 @@ class EtcdLocker:
         """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
         when the queue must be read again (a stream ended, a member stopped answering) or the deadline passed.
 
-        Each watch starts at `rev`+1 (the revision the queue was read at), so no deletion since the read is
-        missed. Keys created later are behind us, so the set of keys ahead only shrinks: tracking it from the
+        The watch starts now and the watched keys are read right after, so no deletion is missed. Keys
+        created later are behind us, so the set of keys ahead only shrinks: tracking it from the
         events is exact, and the waiter holds the moment nothing ahead blocks it, without reading again
         (handoff = one delete + one watch event). It watches only the key whose deletion can admit it
-        (`waits_on`: etcd's waitDeletes), so a release wakes only the waiter it admits.
+        (`waits_on`: etcd's waitDeletes), so a release wakes only the waiter it admits; when that key goes
+        and another still blocks, False: the caller reads again and watches the next.
         """
-        ahead = list(before)
-        while True:
+        target = waits_on([*before, me], len(before))
+        key, end = (self.prefix, prefix_end(self.prefix)) if target is None else (target.key, None)
+        # Watch from now, then look: a deletion before the watch began is in the read below, one after it in
+        # the stream. (A watch from the older revision `rev`+1 would be "unsynced" in etcd while others write,
+        # and its first event wait for etcd's catch-up loop: up to 100 ms per wait under contention.)
+        w = self.client.watch(key, end, 0, self._net_deadline(deadline), wake=(session.lost_r,))
+        try:
+            body = {"key": b64(key), "keys_only": True}
+            if end is not None:
+                body["range_end"] = b64(end)
+            reply = self.client.call("kv/range", body, self._net_deadline(deadline))
+            present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
+            if me.key not in present and target is None:
+                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
+            ahead = [e for e in before if e.key in present or (target is not None and e is not target)]
             if not blockers([*ahead, me], len(ahead)):
                 return True
-            target = waits_on([*ahead, me], len(ahead))
-            if target is None:
-                w = self.client.watch(self.prefix, prefix_end(self.prefix), rev + 1, self._net_deadline(deadline),
-                                      wake=(session.lost_r,))
-            else:
-                w = self.client.watch(target.key, None, rev + 1, self._net_deadline(deadline),
-                                      wake=(session.lost_r,))
-            try:
-                left = self._watch_until(w, target, ahead, me, deadline, session)
-            finally:
-                w.close()
-            if left is None:
-                return False
-            ahead = left
+            if target is not None and target.key not in present:
+                return False  # it went before the watch began; others still block: read the queue again
+            left = self._watch_until(w, target, ahead, me, deadline, session)
+        finally:
+            w.close()
+        # The watched key went and others ahead still block us (they may have gone unseen): read the queue
+        # again and watch from the revision read. A watch from an older revision would cost etcd's
+        # catch-up loop (up to 100 ms) per key, far more than one read.
+        return left is not None and not blockers([*left, me], len(left))
 
     def _watch_until(self, w: Watch, target: Entry | None, ahead: list, me: Entry, deadline: float | None,
                      session: Session) -> list | None:
