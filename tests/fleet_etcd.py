@@ -181,6 +181,7 @@ class TcpProxy:
         self._forwarding = threading.Event()
         self._forwarding.set()
         self._conns: list = []
+        self._pumps: list = []
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -200,9 +201,11 @@ class TcpProxy:
             except OSError:
                 client.close()
                 continue
+            pump = threading.Thread(target=self._pump, args=(client, upstream), daemon=True)
             with self._lock:
                 self._conns.append((client, upstream))
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+                self._pumps.append(pump)
+            pump.start()
 
     def _pump(self, a: socket.socket, b: socket.socket) -> None:
         peers = {a: b, b: a}
@@ -210,6 +213,8 @@ class TcpProxy:
             while self._forwarding.is_set():
                 ready, _writable, _errors = select.select(list(peers), [], [], 0.2)
                 for s in ready:
+                    if not self._forwarding.is_set():
+                        return  # cut while select() waited: nothing more goes through
                     data = s.recv(65536)
                     if not data:
                         return
@@ -222,7 +227,12 @@ class TcpProxy:
             b.close()
 
     def cut(self) -> None:
+        """From when this returns, nothing goes through: every pump has seen the cut (joined)."""
         self._forwarding.clear()
+        with self._lock:
+            pumps, self._pumps = self._pumps, []
+        for pump in pumps:
+            pump.join()
 
     def heal(self) -> None:
         with self._lock:

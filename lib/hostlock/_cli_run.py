@@ -11,7 +11,11 @@ import time
 
 from . import _cli_common as c
 from ._cli_options import RUN_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
-from ._supervise import die_like, supervise, waker
+from ._supervise import Signalled, die_like, supervise, trap_wait_signals, untrap, waker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from ._cli_options import RunLock
 
 
 def _mode_text(o: Options) -> str:
@@ -29,14 +33,21 @@ def main_run(args: list[str]) -> int:
         return 0
     from . import LockTimeout
 
+    trapped = trap_wait_signals() if o.fleet is not None else None
+    lock = None
     try:
-        # A fleet lock's keep-alive thread wakes the supervisor when the lock is lost: armed before the
-        # lock (and so the thread) exists.
-        lock = make_lock(o, waker() if o.fleet is not None else None)
-        if o.verbose:
-            c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, where(lock)))
-        t0 = time.monotonic()
-        lock.acquire(timeout=o.wait)
+        try:
+            # A fleet lock's keep-alive thread wakes the supervisor when the lock is lost: armed before the
+            # lock (and so the thread) exists.
+            lock = make_lock(o, waker() if o.fleet is not None else None)
+            if o.verbose:
+                c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, where(lock)))
+            t0 = time.monotonic()
+            lock.acquire(timeout=o.wait)
+        finally:
+            untrap(trapped)  # from here on a signal is the job's (supervise forwards it)
+    except Signalled as sig:
+        return signalled_while_waiting(lock, sig)
     except LockTimeout as exc:
         if not o.quiet:
             c.say(c.conflict_text(o.name or "", exc, o.wait))
@@ -74,6 +85,17 @@ def main_run(args: list[str]) -> int:
         return c.EX_LOST  # whatever the job's own status: its work may have overlapped another holder's
     die_like(outcome)
     return outcome.exit_code()
+
+
+def signalled_while_waiting(lock: RunLock | None, sig: Signalled) -> int:
+    """A waiter ended by a signal: the wait has revoked its lease (its key is out of the queue); a lock
+    taken in the instant the signal came is released. Exit 128+N, as for SIGINT."""
+    if lock is not None and getattr(lock, "locked", False):
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - leaving anyway; the lease ends within its TTL
+            pass
+    return 128 + sig.signum
 
 
 def _lock_failed(o: Options, exc: BaseException) -> int:

@@ -13,7 +13,8 @@ import time
 
 from . import _cli_common as c
 from ._cli_options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
-from ._supervise import supervise, waker
+from ._cli_run import signalled_while_waiting
+from ._supervise import Signalled, supervise, trap_wait_signals, untrap, waker
 
 
 def _fnv1a32(data: bytes) -> int:
@@ -118,11 +119,18 @@ def main_cron(args: list[str]) -> int:
     from . import LockTimeout
 
     cmdline = c.join_command(o.command)
+    trapped = trap_wait_signals() if o.fleet is not None else None
+    lock = None
     try:
-        lock = make_lock(o, waker() if o.fleet is not None else None)  # see _cli_run
-        if o.verbose:
-            c.say("cron job lock %s in %s" % (o.name, where(lock)))
-        lock.acquire(timeout=o.wait)
+        try:
+            lock = make_lock(o, waker() if o.fleet is not None else None)  # see _cli_run
+            if o.verbose:
+                c.say("cron job lock %s in %s" % (o.name, where(lock)))
+            lock.acquire(timeout=o.wait)
+        finally:
+            untrap(trapped)
+    except Signalled as sig:
+        return signalled_while_waiting(lock, sig)
     except LockTimeout as exc:
         text = c.conflict_text(o.name, exc, o.wait)
         if o.on_conflict != "quiet" or o.verbose:

@@ -13,6 +13,8 @@ from . import _cli_common as c
 from ._directory import MECHANISM_CHOICES
 from ._supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
+FLEET_DEFAULT_TTL = 10.0  # _etcd_lock.DEFAULT_TTL (not imported: host locks never load the fleet engine)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Union
@@ -111,7 +113,7 @@ class Options:
     __slots__ = ("name", "mode", "slots", "wait", "conflict_code", "directory", "mechanism", "label",
                  "command", "shell", "timeout", "kill_after", "pgroup", "quiet", "verbose", "help",
                  "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path", "fleet", "fleet_given", "ttl",
-                 "password_file")
+                 "password_file", "kill_after_given")
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -139,6 +141,7 @@ class Options:
         self.fleet_given: str | None = None  # --fleet's value as given ('' = host locks), None if absent
         self.ttl: float | None = None  # --ttl: the fleet lock's lease; None: the engine's default
         self.password_file: str | None = None  # --fleet-password-file FILE
+        self.kill_after_given = False  # a fleet lock's default --kill-after comes from its TTL
 
 
 _RUN_SPEC = {
@@ -237,6 +240,7 @@ def parse(args: list[str], cron: bool) -> Options:
                 raise c.UsageError("%s must be more than 0" % opt, command)
         elif key == "kill_after":
             o.kill_after = c.duration_arg(value or "", opt)
+            o.kill_after_given = True
         elif key == "pgroup":
             if value not in _PGROUPS:
                 raise c.UsageError("%s: invalid mode %r: use %s" % (opt, value, ", ".join(_PGROUPS)), command)
@@ -323,6 +327,16 @@ def check_fleet(o: Options, command: str) -> None:
         return
     c.refuse_host_options({"--path": o.path is not None, "--dir": o.directory is not None,
                            "--mechanism": o.mechanism != "auto"}, o.fleet_given, o.fleet, command)
+    # The job of a fleet lock gets SIGTERM --kill-after before the lease can end (SIGKILL at that deadline),
+    # so no job outlives its lock: the grace comes out of the TTL. Default TTL/4 (2.5 s of the default 10 s);
+    # more than half the TTL would stop jobs between two keep-alives (every TTL/3) of a healthy lease.
+    ttl = o.ttl if o.ttl is not None else FLEET_DEFAULT_TTL
+    if not o.kill_after_given:
+        o.kill_after = min(DEFAULT_KILL_AFTER, ttl / 4)
+    elif o.kill_after > ttl / 2:
+        raise c.UsageError("--kill-after %s cannot be honoured with a fleet lock of --ttl %s: the job gets SIGTERM "
+                           "that long before its lease can end, at most half the TTL (raise --ttl)"
+                           % (c.format_span(o.kill_after), c.format_span(ttl)), command)
 
 
 def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
@@ -385,7 +399,11 @@ def lost_text(o: Options, lock: RunLock, job: str | None) -> str:
     the fence the job was given, and what became of the job."""
     from . import LockLost
 
-    why = "lost lock %r in %s: its etcd lease ended" % (o.name, where(lock))
+    if lock.lost:
+        why = "lost lock %r in %s: its etcd lease ended" % (o.name, where(lock))
+    else:  # the job was stopped before the lease could end (no keep-alive answered for TTL - --kill-after)
+        why = ("gave up lock %r in %s: no keep-alive was answered in time to give the job --kill-after %s "
+               "before the lease could end" % (o.name, where(lock), c.format_span(o.kill_after)))
     try:
         lock.check()
     except LockLost as exc:

@@ -165,6 +165,11 @@ class Client:
         self._token: str | None = None
         self._token_for: str | None = None  # the token the last auth failure was seen with
 
+    @property
+    def answering(self) -> int:
+        """The index of the member that answered the last call: calls ask it first, watches open there."""
+        return self._next
+
     # -- connections --------------------------------------------------------------------------------------
     def _context(self) -> ssl.SSLContext:
         """The TLS context of etcds://, its files checked first: a file missing, unreadable or not PEM is a

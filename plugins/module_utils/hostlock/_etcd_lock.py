@@ -28,7 +28,7 @@ import threading
 import time
 
 from ._error import FleetUnavailable, HostlockError, LockLost, TokenError
-from ._etcd import NOT_FOUND, Client, EtcdError, WatchClosed, b64, boottime, monotonic, prefix_end, unb64
+from ._etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, b64, boottime, monotonic, prefix_end, unb64
 from ._names import check_duration, validate_name
 from ._owner import Holder, build_record, parse_record, record_prefix
 
@@ -37,11 +37,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Optional
 
     from ._api import LockStatus
+    from ._etcd import Watch
     from ._fleet import FleetURL
 
     Builder = Callable[[Optional[int], Optional[int]], bytes]
 
 DEFAULT_TTL = 10.0
+CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
+CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
 TOKEN_PREFIX = "hostlock-etcd."
 
 
@@ -87,10 +90,31 @@ def blockers(entries: list, i: int) -> list:
     return before
 
 
+def waits_on(entries: list, i: int) -> Entry | None:
+    """The one key whose deletion can admit entries[i] (the last that blocks it, as etcd's waitDeletes), or None
+    when any key ahead going can admit it (slot takers of the same N: they count, whichever goes first)."""
+    blocking = blockers(entries, i)
+    if not blocking:
+        return None
+    me = entries[i]
+    if me.slots > 1 and all(e.slots == me.slots for e in entries[:i]):
+        return None
+    return blocking[-1]
+
+
 def _entries(kvs: list | None) -> list:
     out = [Entry(kv) for kv in kvs or []]
     out.sort(key=lambda e: e.rev)
     return out
+
+
+class _LostPlace(Exception):
+    """A waiter lost its place before it held (its lease or key gone): queue again while time remains,
+    else raise `error`."""
+
+    def __init__(self, error: HostlockError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class EtcdHeld:
@@ -242,6 +266,12 @@ class Session:
                     next_ka = self._keepalive(interval)
                     if self._lost:
                         return
+                    if watch is not None and watch.i != self.client.answering:
+                        # The keep-alive was answered by another member: the one our watch is on may hang
+                        # (SIGSTOP, a black hole) and would never report our key's deletion. Watch where
+                        # the keep-alive got through (the reopen reads the key first: nothing is missed).
+                        watch.close()
+                        watch, watching = None, None
                     continue
                 if self.key is not None and watching != self.key:
                     if watch is not None:
@@ -288,7 +318,7 @@ class Session:
             # a quarter of the TTL, so the others are asked while the lease still lives.
             reply = self.client.call("lease/keepalive", {"ID": str(self.lease)},
                                      monotonic() + max(0.0, self.expires - box[0]), min_try=0.0,
-                                     attempt=max(0.2, self.ttl / 4.0), sent=box)
+                                     attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)), sent=box)
         except (FleetUnavailable, EtcdError):
             return boottime() + min(interval, 0.25)  # retry soon: the loss deadline runs on
         result = reply.get("result") or {}
@@ -321,7 +351,7 @@ class Session:
             # Read the key first, then watch from the revision read: whatever happened before (while the
             # stream was down, or compacted away) is in the read, whatever happens after is in the stream.
             reply = self.client.call("kv/range", {"key": b64(key)}, deadline, min_try=0.0,
-                                     attempt=max(0.2, self.ttl / 4.0))
+                                     attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
             kvs = reply.get("kvs") or []
             if not kvs:
                 self._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
@@ -357,24 +387,42 @@ class EtcdLocker:
 
         A waiter that gives up or fails revokes its lease first (its key goes with it); if etcd cannot be
         reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
+        A waiter that loses its place before it holds (its lease ended in an outage longer than the TTL, its
+        key deleted, the lease gone between grant and put) queues again, on a new lease, while its time
+        remains: a wait of D waits for D.
         """
+        while True:
+            try:
+                return self._attempt(mode, deadline, record)
+            except _LostPlace as e:
+                if deadline is not None and monotonic() >= deadline:
+                    raise e.error from None
+
+    def _attempt(self, mode: str, deadline: float | None, record: Builder) -> EtcdHeld | None:
         c = self.client
-        sent: list = []
-        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline),
-                       sent=sent)
-        lease = int(grant["ID"])
-        # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, below).
-        session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], None)
-        key = self.prefix + b"%x" % lease
+        lease = 0
+        session: Session | None = None
         ok = False
-        try:
+        try:  # from before the grant: whatever ends this (a signal's exception too) revokes what was granted
+            sent: list = []
+            grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline),
+                           sent=sent)
+            lease = int(grant["ID"])
+            # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, below).
+            session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], None)
+            key = self.prefix + b"%x" % lease
             held = self._queue(mode, deadline, record, key, lease, session)
             ok = held is not None
             return held
+        except EtcdError as e:
+            # etcd refused a request we do not expect it to refuse: a fleet failure (CLI 76), said once.
+            raise FleetUnavailable("%s: %s" % (self.path, e), endpoints=self.backend.url.members) from None
         finally:
             if not ok:
-                session.stop()
-                self._revoke(lease)
+                if session is not None:
+                    session.stop()
+                if lease:
+                    self._revoke(lease)
 
     def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
                session: Session) -> EtcdHeld | None:
@@ -383,11 +431,20 @@ class EtcdLocker:
                "sort_order": "ASCEND"}
         # One round trip: create our key if it is not there yet and read the queue. Retried after a lost
         # answer, the compare fails (our key exists: the first try created it) and the range still answers.
-        reply = c.call("kv/txn", {
-            "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
-            "success": [{"request_put": {"key": b64(key), "value": b64(record(None, None)), "lease": str(lease)}},
-                        {"request_range": rng}],
-            "failure": [{"request_range": rng}]}, self._net_deadline(deadline))
+        try:
+            reply = c.call("kv/txn", {
+                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
+                "success": [{"request_put": {"key": b64(key), "value": b64(record(None, None)),
+                                             "lease": str(lease)}},
+                            {"request_range": rng}],
+                "failure": [{"request_range": rng}]}, self._net_deadline(deadline))
+        except EtcdError as e:
+            if e.code != NOT_FOUND:
+                raise
+            # "requested lease not found": the lease ended between its grant and this put (an outage, a
+            # paused process). Nothing of ours is in the queue: queue again on a new lease.
+            raise _LostPlace(FleetUnavailable("the lease for %s ended before our key was written (%s)"
+                                              % (self.path, e), endpoints=self.backend.url.members)) from None
         while True:
             rev = int((reply.get("header") or {}).get("revision") or 0)
             responses = reply.get("responses") or [{}]
@@ -410,46 +467,97 @@ class EtcdLocker:
 
     def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Session) -> bool:
         """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
-        when the queue must be read again (the watch stream ended) or the deadline passed first.
+        when the queue must be read again (a stream ended, a member stopped answering) or the deadline passed.
 
-        One watch on the deletions under the name, from `rev`+1 (the revision the queue was read at), so no
-        deletion between the read and the watch is missed and every one after it arrives, in order. Keys
-        created later are behind us, so the set of keys ahead can only shrink: tracking it from the events
-        is exact, and the waiter holds the moment the last one ahead goes, without reading again (handoff =
-        one delete + one watch event). Only a deletion of a key ahead makes it act; nothing is polled.
+        The watch starts now and the watched keys are read right after, so no deletion is missed. Keys
+        created later are behind us, so the set of keys ahead only shrinks: tracking it from the
+        events is exact, and the waiter holds the moment nothing ahead blocks it, without reading again
+        (handoff = one delete + one watch event). It watches only the key whose deletion can admit it
+        (`waits_on`: etcd's waitDeletes), so a release wakes only the waiter it admits; when that key goes
+        and another still blocks, False: the caller reads again and watches the next.
         """
-        ahead = list(before)
-        w = self.client.watch(self.prefix, prefix_end(self.prefix), rev + 1, self._net_deadline(deadline),
-                              wake=(session.lost_r,))
+        target = waits_on([*before, me], len(before))
+        key, end = (self.prefix, prefix_end(self.prefix)) if target is None else (target.key, None)
+        # Watch from now, then look: a deletion before the watch began is in the read below, one after it in
+        # the stream. (A watch from the older revision `rev`+1 would be "unsynced" in etcd while others write,
+        # and its first event wait for etcd's catch-up loop: up to 100 ms per wait under contention.)
+        w = self.client.watch(key, end, 0, self._net_deadline(deadline), wake=(session.lost_r,))
         try:
-            while True:
-                if session.lost:
-                    raise self._gone(session, "lost our place in the queue of %s" % self.path)
-                try:
-                    evs = w.events(deadline if deadline is not None else monotonic() + 3600.0)
-                except (WatchClosed, OSError):
-                    # The stream ended (member down, compaction): the caller reads the queue again and
-                    # watches from there.
-                    return False
-                if evs is None:
-                    if deadline is not None and monotonic() >= deadline:
-                        return False
-                    continue
-                deleted = {key for kind, key, _kv in evs if kind == "DELETE"}
-                if me.key in deleted:
-                    raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
-                if any(e.key in deleted for e in ahead):
-                    ahead = [e for e in ahead if e.key not in deleted]
-                    if not blockers([*ahead, me], len(ahead)):
-                        return True
+            body = {"key": b64(key), "keys_only": True}
+            if end is not None:
+                body["range_end"] = b64(end)
+            reply = self.client.call("kv/range", body, self._net_deadline(deadline))
+            present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
+            if me.key not in present and target is None:
+                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
+            ahead = [e for e in before if e.key in present or (target is not None and e is not target)]
+            if not blockers([*ahead, me], len(ahead)):
+                return True
+            if target is not None and target.key not in present:
+                return False  # it went before the watch began; others still block: read the queue again
+            left = self._watch_until(w, target, ahead, me, deadline, session)
         finally:
             w.close()
+        # The watched key went and others ahead still block us (they may have gone unseen): read the queue
+        # again and watch from the revision read. A watch from an older revision would cost etcd's
+        # catch-up loop (up to 100 ms) per key, far more than one read.
+        return left is not None and not blockers([*left, me], len(left))
 
-    def _gone(self, session: Session, what: str) -> HostlockError:
+    def _watch_until(self, w: Watch, target: Entry | None, ahead: list, me: Entry, deadline: float | None,
+                     session: Session) -> list | None:
+        """The keys still ahead once `target` (or, watching the whole name, enough keys ahead) went; None when
+        the queue must be read again. A stream silent for CHECK_EVERY is checked: a range (CHECK_ATTEMPT per
+        member) tells whether the member it is on still answers and whether it missed a deletion, so a member
+        that hangs (SIGSTOP) or a link that black-holes costs a waiter seconds, not its whole wait."""
+        quiet_until = monotonic() + CHECK_EVERY
+        while True:
+            if session.lost:
+                raise self._gone(session, "lost our place in the queue of %s" % self.path)
+            now = monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            try:
+                evs = w.events(quiet_until if deadline is None else min(deadline, quiet_until))
+            except (WatchClosed, OSError):
+                return None  # the stream ended (member down, compaction): read again, watch from there
+            if evs is None:
+                if monotonic() >= quiet_until:
+                    if not self._stream_ok(w, target, ahead):
+                        return None
+                    quiet_until = monotonic() + CHECK_EVERY
+                continue
+            quiet_until = monotonic() + CHECK_EVERY
+            deleted = {key for kind, key, _kv in evs if kind == "DELETE"}
+            if me.key in deleted:
+                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
+            if any(e.key in deleted for e in ahead):
+                ahead = [e for e in ahead if e.key not in deleted]
+                if target is not None or not blockers([*ahead, me], len(ahead)):
+                    return ahead
+
+    def _stream_ok(self, w: Watch, target: Entry | None, ahead: list) -> bool:
+        """Whether the watch `w` can be trusted on: its member answered a read now, and the read shows no key
+        gone that the stream has not reported. A member that does not answer within CHECK_ATTEMPT is skipped
+        for the next, so the read comes from a member that answers; the next watch opens there."""
+        if target is not None:
+            body = {"key": b64(target.key), "keys_only": True}
+        else:
+            body = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "keys_only": True}
+        try:
+            reply = self.client.call("kv/range", body, monotonic() + CHECK_ATTEMPT, min_try=0.0,
+                                     attempt=CHECK_ATTEMPT)
+        except (FleetUnavailable, EtcdError):
+            return True  # nobody answers: the lease's clock decides (the session), keep the stream meanwhile
+        if self.client.answering != w.i:
+            return False  # the read came from another member: the stream's own member did not answer
+        present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
+        return all(e.key in present for e in ahead) if target is None else target.key in present
+
+    def _gone(self, session: Session, what: str) -> _LostPlace:
         why = session.why or "our key was deleted"
         if session.unavailable:
-            return FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members)
-        return LockLost("%s: %s" % (what, why))
+            return _LostPlace(FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members))
+        return _LostPlace(LockLost("%s: %s" % (what, why)))
 
     def _revoke(self, lease: int) -> None:
         try:

@@ -120,6 +120,38 @@ def waker() -> Callable[[], None]:
     return wake
 
 
+class Signalled(BaseException):
+    """TERM, HUP or QUIT while waiting for a fleet lock: raised (as SIGINT raises KeyboardInterrupt) so the
+    wait unwinds and revokes its lease, and the waiter's key leaves the queue before hostlock exits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+WAIT_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+
+
+def _signalled(signum: int, _frame: object) -> None:
+    raise Signalled(signum)
+
+
+def trap_wait_signals() -> dict:
+    """While a fleet lock is waited for: WAIT_SIGNALS raise Signalled instead of killing hostlock outright
+    (its key would stay in the queue for a whole TTL, and every waiter behind it wait that long). A signal
+    ignored at start (nohup) stays ignored. Returns what untrap() restores, before the job is started."""
+    old = {}
+    for sig in WAIT_SIGNALS:
+        if _signal.getsignal(sig) == _signal.SIG_DFL:
+            old[sig] = _signal.signal(sig, _signalled)
+    return old
+
+
+def untrap(old: dict | None) -> None:
+    for sig, handler in (old or {}).items():
+        _signal.signal(sig, handler)
+
+
 def new_group_for(mode: str) -> bool:
     """--process-group MODE as a decision: auto = a group of its own unless we are a terminal's foreground
     job (there the job must stay in the foreground group to read the terminal and get its Ctrl-C)."""
@@ -544,7 +576,22 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 break
             if done == pid:
                 break
+            stop_at = None
+            if not terminated and abort is not None and job.valid_until is not None:
+                # A fleet lock: SIGTERM kill_after before the lease could end, so the SIGKILL that follows
+                # lands before etcd can hand the lock on (the deadline is the holder's own: last answered
+                # keep-alive + TTL - margin, earlier than etcd's expiry). A job never outlives its lock.
+                until = job.valid_until()
+                if until is not None:
+                    left = until - job.kill_after - _boottime()
+                    if left <= 0:
+                        aborted = terminated = True
+                        deadline = terminate("the lock's lease may end within --kill-after: the job must stop")
+                        continue
+                    stop_at = time.monotonic() + left
             wake_at = deadline if beat is None else beat if deadline is None else min(deadline, beat)
+            if stop_at is not None:
+                wake_at = stop_at if wake_at is None else min(wake_at, stop_at)
             if wake_at is None:
                 info = _signal.sigwaitinfo(waited)
             else:
@@ -553,6 +600,8 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 beat = tell()
                 if deadline is None or time.monotonic() < deadline:
                     continue
+            if info is None and stop_at is not None and (deadline is None or time.monotonic() < deadline):
+                continue  # the lease's stop time (or near it): checked again at the top
             if info is None:  # the deadline passed
                 if not terminated:
                     timed_out = terminated = True

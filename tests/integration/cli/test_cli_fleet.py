@@ -118,7 +118,7 @@ def test_the_job_gets_an_increasing_fence_and_the_fleet(cli, etcd):
 def test_a_revoked_lock_stops_the_job_and_exits_79(cli, etcd):
     got = cli.tmp / "got-term"
     script, started, _go = gated(cli, "a", "trap 'echo term > %s; exit 5' TERM;" % got)
-    a = cli.start("run", "--fleet", etcd.url, "--kill-after", "5m", "deploy", "-c", script, env=controller(cli, "a"))
+    a = cli.start("run", "--fleet", etcd.url, "--kill-after", "5s", "deploy", "-c", script, env=controller(cli, "a"))
     wait_file(started)
     fence = int(started.read_text())
     r = cli.run("break", "--fleet", etcd.url, "--force", "deploy", env=controller(cli, "b"))
@@ -240,7 +240,7 @@ def test_a_running_hostlock_stops_its_job_itself_when_the_lease_cannot_be_kept(c
     watcher, whose deadline passed too, leaves that to hostlock rather than SIGKILL the job at once."""
     got = cli.tmp / "got-term"
     script, started, _go = gated(cli, "a", "trap 'echo term > %s; exit 0' TERM;" % got)
-    a = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "--kill-after", "1m", "deploy", "-c", script,
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "4s", "--kill-after", "2s", "deploy", "-c", script,
                   env=controller(cli, "a"))
     wait_file(started)
     etcd.stop()

@@ -86,3 +86,37 @@ def test_fleet_locks_on(version, tmp_path, etcd):
     assert run("break", "--force", "f").returncode == 0
     assert p.wait(timeout=60) == 79
     assert "job stopped, killed by signal 15 (SIGTERM)" in p.stderr.read()
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_fleet_waiters_on(version, tmp_path, etcd):
+    """Issue 24 on every interpreter: a SIGTERMed fleet waiter takes its key with it (the signal trap), the
+    waiter behind is served at the handoff (the per-key watch), and a fleet lock's --kill-after is TTL/4."""
+    python = interpreter(version)
+    if python is None:
+        pytest.skip(f"no Python {version} on this machine")
+    hl = str(make_launcher(tmp_path, python))
+    env = {"PATH": "/usr/bin:/bin", "HOSTLOCK_DIR": str(tmp_path)}
+    run = [hl, "run", "--fleet", etcd.url, "--ttl", "60s"]
+    go = tmp_path / "go"
+
+    def keys():
+        return etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()
+
+    def start(*args):
+        return subprocess.Popen([*run, *args], env=env, start_new_session=True)
+
+    a = start("deploy", "-c", f"while [ ! -e {go} ]; do sleep 0.02; done")
+    wait_until(lambda: len(keys()) == 1, 30, "the holder")
+    w1 = start("-w", "5m", "deploy", "true")
+    wait_until(lambda: len(keys()) == 2, 30, "w1 queued")
+    w2 = start("-w", "5m", "deploy", "true")
+    wait_until(lambda: len(keys()) == 3, 30, "w2 queued")
+    w1.send_signal(signal.SIGTERM)
+    assert w1.wait(timeout=30) == 143
+    assert len(keys()) == 2  # gone the moment it exited: not left for its 60 s TTL
+    go.write_text("")
+    assert a.wait(timeout=30) == 0 and w2.wait(timeout=30) == 0
+    r = subprocess.run([hl, "run", "--fleet", etcd.url, "--ttl", "4s", "--kill-after", "3s", "deploy", "true"],
+                       check=False, capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 64 and "--kill-after 3s" in r.stderr

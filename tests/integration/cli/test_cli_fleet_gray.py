@@ -1,0 +1,135 @@
+"""Gray failures (issue 24 item 1): a member that hangs (SIGSTOP) or a link that black-holes (a proxy that
+accepts and never forwards) must not stall a waiter or blind a holder. Every lease has a TTL of 60 s, so
+nothing here can be explained by a lease ending: a waiter served, or a holder that learns its key is gone,
+before that TTL could pass, found its way through another member. Waits are hang guards, not timings.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import fleet_etcd
+import pytest
+from cli_support import wait_file
+from test_cli_fleet import controller, gated, status, wait_waiters
+from test_cli_fleet_waiters import GUARD, TTL
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    if not fleet_etcd.have_etcd():
+        pytest.skip("etcd/etcdctl not installed (make test-cli and make test-fleet install etcd-server, etcd-client)")
+    c = fleet_etcd.start_cluster(str(tmp_path), 3)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def proxies():
+    made = []
+    yield lambda endpoint: made.append(fleet_etcd.TcpProxy(endpoint)) or made[-1]
+    for p in made:
+        p.close()
+
+
+def url(*endpoints):
+    return "etcd://" + ",".join(endpoints)
+
+
+def split(cluster):
+    """(a follower, the other two members): the follower is the one to hang (a hung leader is an election)."""
+    leader = cluster.leader()
+    bad = next(m for m in cluster.members if m is not leader)
+    return bad, [m for m in cluster.members if m is not bad]
+
+
+def run(cli, fleet, tag, *extra, job=None):
+    order = cli.tmp / "order"
+    return cli.start("run", "--fleet", fleet, "--ttl", TTL, *extra, "deploy", "-c",
+                     job or "echo %s >> %s" % (tag, order), env=controller(cli, tag))
+
+
+def handoff_through_a_gray_failure(cli, good_url, bad_url, fail, heal):
+    """holder, w1 (whose first member goes gray once it waits), w2: the holder releases; w1 is served, then w2."""
+    script, started, go = gated(cli, "a")
+    a = run(cli, good_url, "a", job=script)
+    wait_file(started)
+    w1 = run(cli, bad_url, "w1", "-w", "5m")
+    wait_waiters(cli, good_url, "deploy", 1)
+    w2 = run(cli, good_url, "w2", "-w", "5m")
+    wait_waiters(cli, good_url, "deploy", 2)
+    fail()
+    try:
+        go.write_text("")
+        assert a.wait(timeout=GUARD) == 0
+        assert w1.wait(timeout=GUARD) == 0, w1.stderr.read()
+        assert w2.wait(timeout=GUARD) == 0, w2.stderr.read()
+    finally:
+        heal()
+    assert (cli.tmp / "order").read_text().split() == ["w1", "w2"]
+
+
+def test_a_waiter_whose_member_is_stopped_is_served_through_another(cli, cluster):
+    bad, good = split(cluster)
+    good_url = url(*(m.endpoint for m in good))
+    handoff_through_a_gray_failure(cli, good_url, url(bad.endpoint, *(m.endpoint for m in good)),
+                                   bad.pause, bad.resume)
+
+
+def test_a_waiter_behind_a_black_hole_is_served_through_another_member(cli, cluster, proxies):
+    bad, good = split(cluster)
+    p = proxies(bad.endpoint)
+    good_url = url(*(m.endpoint for m in good))
+    handoff_through_a_gray_failure(cli, good_url, url(p.endpoint, *(m.endpoint for m in good)), p.cut, p.heal)
+
+
+def test_a_waiter_behind_a_black_hole_to_the_only_member_is_served_by_its_other_route(cli, etcd, proxies):
+    """One member, two routes to it (a proxy, then the member itself): the route that black-holes is left."""
+    p = proxies(etcd.endpoint)
+    handoff_through_a_gray_failure(cli, etcd.url, url(p.endpoint, etcd.endpoint), p.cut, p.heal)
+
+
+def test_a_holder_whose_member_is_stopped_learns_its_key_was_deleted(cli, cluster):
+    """Its key deleted (not its lease) while the member its watch is on hangs: the keep-alive gets through
+    another member, and the key is watched there from then on: the holder stops its job and exits 79."""
+    bad, good = split(cluster)
+    good_url = url(*(m.endpoint for m in good))
+    script, started, _go = gated(cli, "h")
+    h = run(cli, url(bad.endpoint, *(m.endpoint for m in good)), "h", job=script)
+    wait_file(started)
+    key = good[0].etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()[0]
+    bad.pause()
+    try:
+        assert good[0].etcdctl("del", key).stdout.strip() == "1"
+        assert h.wait(timeout=GUARD) == 79, h.stderr.read()
+    finally:
+        bad.resume()
+    assert "was deleted" in h.stderr.read()
+    assert status(cli, good_url, "deploy")["locks"] == [] or not status(cli, good_url, "deploy")["locks"][0]["holders"]
+
+
+def test_a_holder_whose_member_is_stopped_keeps_its_lease_through_another(cli, cluster):
+    """A 4 s TTL: the keep-alives go on through the other members, so the lease is still there (looked at
+    through a healthy member) three TTLs after its first member stopped, and the holder holds, its job running."""
+    bad, good = split(cluster)
+    script, started, go = gated(cli, "h")
+    h = cli.start("run", "--fleet", url(bad.endpoint, *(m.endpoint for m in good)), "--ttl", "4s", "deploy",
+                  "-c", script, env=controller(cli, "h"))
+    wait_file(started)
+    key = good[0].etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()[0]
+    lease = key.rsplit("/", 1)[1]
+    bad.pause()
+    try:
+        end = time.monotonic() + 12.0  # how long the lease must outlive its first member (not a speed bound)
+        while time.monotonic() < end:
+            r = good[0].etcdctl("lease", "timetolive", lease, "-w", "json", check=True)
+            assert json.loads(r.stdout)["ttl"] > 0, "the lease ended: no keep-alive got through another member"
+            time.sleep(0.2)  # the next look at the lease
+        assert h.poll() is None
+    finally:
+        bad.resume()
+    go.write_text("")
+    assert h.wait(timeout=GUARD) == 0, h.stderr.read()

@@ -1,0 +1,127 @@
+"""Every way a waiter for a fleet lock ends removes its key from the queue before it exits (issue 24 item 2),
+and a waiter that loses its place queues again while its wait lasts (item 3).
+
+Every lease here has a TTL of 60 s, so a key left behind would hold up the waiter behind it for a minute: the
+proof is that the waiter's key is already gone from etcd the moment its process has exited (read then, no
+wait), and that the next waiter is served when the holder releases, with a hang guard below that TTL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from cli_support import wait_file, wait_until
+from engine_helpers import default_signals
+from test_cli_fleet import controller, gated, status, wait_waiters
+
+TTL = "60s"
+GUARD = 45  # seconds: a hang guard, below the TTL a key left behind would cost
+
+
+def keys(etcd, name="deploy"):
+    r = etcd.etcdctl("get", "--prefix", "hostlock/%s/" % name, "--keys-only", "--sort-by=CREATE")
+    assert r.returncode == 0, r.stderr
+    return [k for k in r.stdout.split() if k]
+
+
+def waiter(cli, etcd, tag, *extra, wrap=()):
+    """A waiter whose job appends TAG to the order file."""
+    order = cli.tmp / "order"
+    argv = cli.argv("run", "--fleet", etcd.url, "--ttl", TTL, *extra, "deploy", "-c", "echo %s >> %s" % (tag, order))
+    env = controller(cli, tag)
+    p = subprocess.Popen([*wrap, *argv], text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, preexec_fn=default_signals)
+    cli.procs.append(p)
+    return p
+
+
+def holder(cli, etcd):
+    script, started, go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", TTL, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    return a, go
+
+
+def serve_the_rest(cli, a, go, *waiters):
+    go.write_text("")
+    assert a.wait(timeout=GUARD) == 0
+    for w in waiters:
+        assert w.wait(timeout=GUARD) == 0, w.stderr.read()
+    return (cli.tmp / "order").read_text().split()
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT"])
+def test_a_signalled_waiter_takes_its_key_with_it(cli, etcd, sig):
+    a, go = holder(cli, etcd)
+    w1 = waiter(cli, etcd, "w1", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    w2 = waiter(cli, etcd, "w2", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 2)
+    assert len(keys(etcd)) == 3
+    os.kill(w1.pid, getattr(signal, "SIG" + sig))
+    assert w1.wait(timeout=GUARD) == 128 + getattr(signal, "SIG" + sig), w1.stderr.read()
+    assert len(keys(etcd)) == 2  # gone already: the holder's key and w2's
+    assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_waiter_under_timeout_1_takes_its_key_with_it(cli, etcd):
+    """timeout(1) ends its command with SIGTERM (here: forwarded as timeout does when it is itself told to
+    stop, so the waiter is surely queued first; at expiry it sends the same signal the same way)."""
+    a, go = holder(cli, etcd)
+    w1 = waiter(cli, etcd, "w1", "-w", "5m", wrap=("timeout", "600"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    w2 = waiter(cli, etcd, "w2", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 2)
+    os.kill(w1.pid, signal.SIGTERM)
+    assert w1.wait(timeout=GUARD) == 128 + signal.SIGTERM  # timeout passes on its command's status
+    assert len(keys(etcd)) == 2
+    assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_waiter_whose_wait_runs_out_takes_its_key_with_it(cli, etcd):
+    a, go = holder(cli, etcd)
+    w2 = waiter(cli, etcd, "w2", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    w1 = waiter(cli, etcd, "w1", "-w", "2s")
+    assert w1.wait(timeout=GUARD) == 75
+    assert len(keys(etcd)) == 2
+    assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_waiter_that_loses_its_lease_queues_again_and_leaves_no_key(cli, etcd):
+    """Its lease revoked (as an outage longer than its TTL ends it): the waiter queues again, behind those who
+    came after it, instead of exiting; the next waiter is served first, then it."""
+    a, go = holder(cli, etcd)
+    w1 = waiter(cli, etcd, "w1", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    w2 = waiter(cli, etcd, "w2", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 2)
+    first = keys(etcd)
+    lease = first[1].rsplit("/", 1)[1]
+    assert etcd.etcdctl("lease", "revoke", lease).returncode == 0
+    wait_until(lambda: len(keys(etcd)) == 3 and keys(etcd)[:2] == [first[0], first[2]], GUARD,
+               "w1 queued again behind w2")
+    assert w1.poll() is None
+    assert serve_the_rest(cli, a, go, w2, w1) == ["w2", "w1"]
+
+
+def test_a_waiter_waits_its_whole_wait_through_an_outage_longer_than_its_ttl(cli, etcd):
+    """etcd down longer than the waiter's TTL: its lease ends, and with time left it queues again (it used to
+    exit 76 the moment etcd was back). The holder (a longer TTL) gives its lock up during the outage: once it
+    has, the waiter's lease (2 s TTL, kept alive up to the outage like the holder's) has ended too."""
+    script, started, _go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "4s", "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    order = cli.tmp / "order"
+    w = cli.start("run", "--fleet", etcd.url, "--ttl", "2s", "-w", "3m", "deploy", "-c", "echo w >> %s" % order,
+                  env=controller(cli, "w"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    etcd.stop()
+    assert a.wait(timeout=120) == 79
+    etcd.start().wait_ready()
+    assert w.wait(timeout=150) == 0, w.stderr.read()
+    assert order.read_text() == "w\n"
+    assert status(cli, etcd.url, "deploy")["locks"][0]["holders"] == []

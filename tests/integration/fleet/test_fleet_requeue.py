@@ -1,0 +1,56 @@
+"""A waiter's lease that ends between its grant and the put of its key (issue 24 item 7: was exit 65,
+"requested lease not found") is retried within the wait: the waiter queues again on a new lease. And the
+rule of which key a waiter watches (a release wakes only the waiter it admits) beside `blockers`.
+
+The lease is really revoked in etcd, by etcdctl, in the instant between the grant and the put (a hook on the
+client's grant answer), as an outage or a paused process would have let it expire.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import hostlock
+from hostlock import _etcd_lock
+
+
+def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch):
+    revoked = []
+    real_call = _etcd_lock.Client.call
+
+    def call(self, path, body, deadline, *a, **kw):
+        reply = real_call(self, path, body, deadline, *a, **kw)
+        if path == "lease/grant" and not revoked:
+            revoked.append(int(reply["ID"]))
+            assert etcd.etcdctl("lease", "revoke", "%x" % revoked[0]).returncode == 0
+        return reply
+
+    monkeypatch.setattr(_etcd_lock.Client, "call", call)
+    lock = hostlock.Lock("deploy", fleet=etcd.url)
+    lock.acquire(timeout=30)
+    try:
+        assert revoked and lock.locked
+        key = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()
+        assert len(key) == 1 and not key[0].endswith("/%x" % revoked[0])  # a new lease, the old one gone
+    finally:
+        lock.release()
+
+
+class E:
+    """An entry as _etcd_lock sees one: key, mode, slots."""
+
+    def __init__(self, key, mode="exclusive", slots=1):
+        self.key, self.mode, self.slots = key, mode, slots
+
+
+@pytest.mark.parametrize(("queue", "watched"), [
+    ([E("h"), E("w1"), E("me")], "w1"),  # exclusive: the key just ahead, not the holder
+    ([E("r1", "shared"), E("w", "exclusive"), E("r2", "shared"), E("me", "shared")], "w"),  # the writer ahead
+    ([E("r1", "shared"), E("r2", "shared"), E("me")], "r2"),  # a writer: the last reader ahead
+    ([E("a", slots=2), E("b", slots=2), E("me", slots=2)], None),  # any slot holder leaving admits it
+    ([E("x"), E("b", slots=2), E("me", slots=2)], "b"),  # an exclusive ahead: waited for whole, the last first
+    ([E("me")], None),  # holds
+])
+def test_a_waiter_watches_only_the_key_that_can_admit_it(queue, watched):
+    got = _etcd_lock.waits_on(queue, len(queue) - 1)
+    assert (got.key if got is not None else None) == watched
