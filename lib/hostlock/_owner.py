@@ -131,27 +131,34 @@ def is_alive(pid: int | None, start: str | None, boot: str | None, host: str | N
     return current == start if start is not None else None
 
 
-def holds_open(pid: int, dev: int, ino: int) -> bool | None:
-    """Whether process `pid` has the file (dev, ino) open: the kernel's word, not a record's.
+def _open_as(pid: int, dev: int, ino: int) -> list | None:
+    """The descriptor numbers through which `pid` has the file (dev, ino) open; None when unreadable.
 
-    None when its descriptors cannot be read (another user's process without root, hidepid): unproven.
+    Each is stat()ed through its magic link, which leads to the open file itself (no path lookup, cannot be
+    redirected); a process that is gone has none.
     """
     fds = "/proc/%d/fd" % pid
     try:
         names = os.listdir(fds)
     except FileNotFoundError:
-        return False  # gone
+        return []  # gone
     except OSError:
-        return None
+        return None  # another user's process without root, hidepid
+    found = []
     for n in names:
         try:
-            # stat() follows the magic link to the open file itself (no path lookup, cannot be redirected).
             st = os.stat("%s/%s" % (fds, n))
         except OSError:
             continue  # closed meanwhile
         if st.st_ino == ino and st.st_dev == dev:
-            return True
-    return False
+            found.append(n)
+    return found
+
+
+def holds_open(pid: int, dev: int, ino: int) -> bool | None:
+    """Whether process `pid` has the file (dev, ino) open: the kernel's word, not a record's (None: unproven)."""
+    fds = _open_as(pid, dev, ino)
+    return None if fds is None else bool(fds)
 
 
 def holds_lock(pid: int, dev: int, ino: int, at: int | None) -> bool | None:
@@ -162,21 +169,11 @@ def holds_lock(pid: int, dev: int, ino: int, at: int | None) -> bool | None:
     process that merely has the file open, a waiter say, proves nothing. None when unreadable (another
     user's process without root, hidepid): unproven.
     """
-    fds = "/proc/%d/fd" % pid
-    try:
-        names = os.listdir(fds)
-    except FileNotFoundError:
-        return False  # gone
-    except OSError:
+    fds = _open_as(pid, dev, ino)
+    if fds is None:
         return None
     unreadable = False
-    for n in names:
-        try:
-            st = os.stat("%s/%s" % (fds, n))  # the open file itself, through the magic link
-        except OSError:
-            continue  # closed meanwhile
-        if st.st_ino != ino or st.st_dev != dev:
-            continue
+    for n in fds:
         info = _read("/proc/%d/fdinfo/%s" % (pid, n))
         if info is None:
             unreadable = True
