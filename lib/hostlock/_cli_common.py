@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno as _errno
 import os
 
+from ._text import CONTROL, one_line
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
     from typing import Callable
@@ -44,13 +46,7 @@ class UsageError(Exception):
 
 
 # Control characters from arguments, file names or other processes' command lines, escaped.
-_CONTROL = {i: "\\x%02x" % i for i in (*range(32), 127)}
-
-
-def one_line(text: str) -> str:
-    """`text` with its control characters escaped (\\x0a): what we print stays one line per line we mean, on
-    any terminal, whatever a command line, label or file name holds."""
-    return text.translate(_CONTROL)
+_CONTROL = CONTROL
 
 
 def say(message: str) -> None:

@@ -26,7 +26,10 @@ def _clock(epoch: float | None) -> str:
 
 
 def _short(text: str | None, limit: int = 80) -> str:
-    text = " ".join((text or "").split())
+    """A holder's command line or label, as one inert line: it is text another user may have written."""
+    from .hostlock._text import one_line  # a leaf: only the escape, none of the command line's code
+
+    text = one_line(" ".join((text or "").split()))  # whitespace runs (newlines too) to one space
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

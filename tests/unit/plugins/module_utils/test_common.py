@@ -49,3 +49,11 @@ def test_holder_summary_truncates_and_marks_stale():
 def test_describe_holders():
     assert "nobody" in describe_holders([])
     assert describe_holders([EXCL, SHARED]).count("pid") == 2
+
+
+def test_a_holder_summary_is_one_inert_line_whatever_the_holder_wrote():
+    """Another user's command line or label reaches the controller's terminal in task messages."""
+    h = dict(pid=7, user="mallory", cmdline="sleep\x1b[2J\x1b[H 600\r\nfake row", label="x\x1b]0;title\x07y")
+    line = holder_summary(h)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line and "\x07" not in line, repr(line)
+    assert "\\x1b[2J" in line and "\\x07" in line, line
