@@ -11,11 +11,23 @@ wording and arithmetic the Ansible side needs on top of it.
 
 from __future__ import annotations
 
+import re
 import time
 
 # The key under which every hostlock.core result reports its lock timings, so the
 # hostlock.core.serialize callback can build its recap without knowing each plugin's result shape.
 RESULT_KEY = "hostlock"
+
+# The controller appends "[run ID]" to a lease's label and "[run ID task]" to a hostlock.core.locked task's
+# (plugin_utils/_runid.py): how a host recognises a holder of the same run. A task's lock ends by itself, so
+# the run's other hosts wait for it; a lease ends only with a later task, so the run never waits for one.
+RUN_MARKER = re.compile(r"\[run ([0-9A-Za-z._:@-]+)(?: task)?\]")
+
+
+def lease_marker(label: str | None) -> str | None:
+    """The "[run ID]" that the run's own leases carry, from our label (either form), or None."""
+    found = RUN_MARKER.search(label or "")
+    return f"[run {found.group(1)}]" if found else None
 
 
 def _clock(epoch: float | None) -> str:

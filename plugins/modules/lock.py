@@ -527,7 +527,6 @@ hostlock:
   sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e5a9b07, lease_expires: 1767225600.5}
 """
 
-import re
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -538,6 +537,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     describe_holders,
     engine_message,
+    lease_marker,
     live_holders,
     path_holder_dicts,
     path_params_error,
@@ -590,8 +590,6 @@ REQUIRED_IF: list = []
 MUTUALLY_EXCLUSIVE = [("token", "force"), ("name", "path")]
 REQUIRED_ONE_OF = [("name", "path")]
 
-# The controller appends "[run ID]" to the label: how the host recognises a holder of the same run.
-RUN_MARKER = re.compile(r"\[run [0-9A-Za-z._:@-]+\]")
 
 # A bound, not a delay: the holder unlocks first and then answers (hostlock._lease), so when release() returns the
 # lock is free and settle() normally returns at once; this bounds it should status still show our holder.
@@ -690,11 +688,11 @@ class Task:
     def hold(self, started: float) -> str:
         """hold() in slices: between them, fail at once on a holder of our own run, stop if the controller left."""
         p = self.p
-        marker = RUN_MARKER.search(p["label"] or "")
+        marker = lease_marker(p["label"])  # a locked task's lease ("[run ID task]") never waits for ours
         deadline = None if p["timeout"] is None else started + p["timeout"]
         while True:
             if marker:
-                mine = own_holders(self.refresh(), marker.group(0))
+                mine = own_holders(self.refresh(), marker)
                 if mine:
                     raise SelfWait(mine)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -355,7 +355,6 @@ hostlock:
       returned: in check mode and on a conflict
 """
 import base64
-import re
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -365,6 +364,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     describe_holders,
     engine_message,
+    lease_marker,
     live_holders,
     path_holder_dicts,
     path_params_error,
@@ -410,9 +410,6 @@ ARGUMENT_SPEC = dict(
     ttl=dict(type="raw"),
 )
 
-# The controller appends "[run ID task]" to the label: a holder that ends by itself, which the run's other
-# hosts may wait for; the run's leases carry "[run ID]", which they never wait for (plugin_utils/_runid.py).
-RUN_MARKER = re.compile(r"\[run ([0-9A-Za-z._:@-]+)(?: task)?\]")
 
 
 def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
@@ -447,8 +444,7 @@ def main() -> None:
             lock = Lock(name, mode=p["mode"], slots=p["slots"], directory=p["directory"], label=p["label"])
     except (HostlockError, ValueError, TypeError) as e:
         module.fail_json(msg=f"lock {name}: {engine_message(e)}")
-    marker_match = RUN_MARKER.search(p["label"] or "")
-    marker = f"[run {marker_match.group(1)}]" if marker_match else None  # the run's leases, never its tasks
+    marker = lease_marker(p["label"])  # the run's leases, never its tasks: those end by themselves
     info = dict(name=name, module=wrapped, directory=lock.directory, taken=False, waited=0.0)
     if p["path"]:
         info.update(path=p["path"], directory=None)

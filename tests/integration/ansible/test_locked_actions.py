@@ -51,3 +51,53 @@ def test_an_unknown_option_names_the_task_as_written(ansible):
     assert run.rc != 0, run.out
     assert "Unsupported parameters for (hostlock.core.locked) module: timout" in run.out, run.out
     assert "ansible_collections.hostlock" not in run.out, run.out
+
+
+SELF_WAIT = """\
+- name: A locked task behind a lease of its own run
+  hosts: loc
+  gather_facts: false
+  tasks:
+    - name: Take a lease on the name
+      hostlock.core.lock:
+        name: self-wait
+        lease: 10m
+        directory: "{{ lockdir }}"
+      register: lease
+      no_log: true
+
+    - name: Copy under the same name, which the run's own lease holds
+      hostlock.core.locked:
+        name: self-wait
+        directory: "{{ lockdir }}"
+        timeout: 10m
+        task:
+          ansible.builtin.copy:
+            content: "never\\n"
+            dest: "{{ workdir }}/never.txt"
+            mode: "0644"
+      register: behind
+      ignore_errors: true  # noqa: ignore-errors - the test reads the failure
+
+    - name: Release the lease
+      hostlock.core.lock:
+        name: self-wait
+        state: released
+        token: "{{ lease.token }}"
+        directory: "{{ lockdir }}"
+
+    - name: Say what the copy task got
+      ansible.builtin.debug:
+        msg: "BEHIND {{ behind.msg }}"
+"""
+
+
+def test_a_task_with_an_action_plugin_never_waits_for_a_lease_of_its_own_run(ansible):
+    """The lease path waits for other hosts' locked tasks, but a lease of the run ends only with a later task:
+    waiting for it could never end, so it fails at once naming the holder (timeout 10m would hang)."""
+    playbook = ansible.work / "self_wait.yml"
+    playbook.write_text(SELF_WAIT)
+    run = ansible.play(str(playbook))
+    assert run.rc == 0, run.out
+    assert "held by this same playbook run" in run.out, run.out
+    assert not (ansible.work / "never.txt").exists()
