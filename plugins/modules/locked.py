@@ -411,7 +411,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-
 def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
     if path:
         return path_holder_dicts(path)
