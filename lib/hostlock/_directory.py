@@ -286,24 +286,25 @@ def _read_marker(fd: int, directory: str) -> str:
         os.close(fd)
 
 
-def _replace_marker(dirfd: int, directory: str, value: str) -> None:
-    """Write the marker anew as ours, renamed over the old one (atomic: never missing, never half written)."""
-    tmp = "%s.%d.new" % (MARKER, os.getpid())
-    path = os.path.join(directory, MARKER)
+def replace_own(dirfd: int, directory: str, name: str, mode: int, data: bytes, what: str) -> None:
+    """Put a fresh file of ours at `name`, renamed over what is there (atomic: never missing, never half
+    written); the way root takes over another user's lock file or marker (must_adopt)."""
+    tmp = "%s.%d.new" % (name if name.startswith(".") else "." + name, os.getpid())
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644, dir_fd=dirfd)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=dirfd)
         try:
-            os.fchmod(fd, 0o644)
-            os.write(fd, (value + "\n").encode())
+            os.fchmod(fd, mode)  # explicit: the umask must not decide who else may use it
+            if data:
+                os.write(fd, data)
         finally:
             os.close(fd)
-        os.rename(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except OSError as e:
         try:
             os.unlink(tmp, dir_fd=dirfd)
         except OSError:
             pass
-        raise file_error("cannot replace another user's mechanism marker", path, e) from None
+        raise file_error("cannot replace another user's %s" % what, os.path.join(directory, name), e) from None
 
 
 def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Callable[[int], str]) -> str:
@@ -349,7 +350,7 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Calla
     if owner is not None and recorded in MECHANISMS:
         # Another user's marker, which its owner could replace (say with "record" while we hold an OFD
         # lock: the next process would not see our lock). Ours from now on, with the value it has now.
-        _replace_marker(dirfd, directory, recorded)
+        replace_own(dirfd, directory, MARKER, 0o644, (recorded + "\n").encode(), "mechanism marker")
     if recorded not in MECHANISMS:
         raise MechanismError("%s names an unknown mechanism %r: remove the file when no locks are held"
                              % (os.path.join(directory, MARKER), recorded), directory=directory)

@@ -12,7 +12,7 @@ import os
 import time
 
 from . import _kernel
-from ._directory import file_error, foreign_file_error, must_adopt, open_directory, open_lock_file
+from ._directory import foreign_file_error, must_adopt, open_directory, open_lock_file, replace_own
 from ._record import backoff_sleep
 
 TYPE_CHECKING = False
@@ -67,23 +67,10 @@ def _adopt(dirfd: int, filename: str, directory: str, fd: int, shared: bool) -> 
         if e.errno in _kernel.CONTENTION:
             return False
         raise
-    path = os.path.join(directory, filename)
     st, now = os.fstat(fd), os.stat(filename, dir_fd=dirfd, follow_symlinks=False)
     if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
         return True  # replaced meanwhile: look at the name again
-    tmp = ".%s.%d.new" % (filename, os.getpid())
-    try:
-        nfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dirfd)
-    except OSError as e:
-        raise file_error("cannot replace another user's lock file", path, e) from None
-    try:
-        os.fchmod(nfd, 0o660 if shared else 0o600)
-        os.rename(tmp, filename, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-    except OSError as e:
-        os.unlink(tmp, dir_fd=dirfd)
-        raise file_error("cannot replace another user's lock file", path, e) from None
-    finally:
-        os.close(nfd)
+    replace_own(dirfd, directory, filename, 0o660 if shared else 0o600, b"", "lock file")
     return True
 
 
