@@ -26,7 +26,11 @@ from ansible_collections.hostlock.core.plugins.modules.lock import (
 )
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
-from ansible_collections.hostlock.core.plugins.plugin_utils._runid import run_marker
+from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
+    LOCAL_TRANSPORTS,
+    controller_process,
+    run_marker,
+)
 
 LOCK_MODULE = "hostlock.core.lock"
 
@@ -54,6 +58,10 @@ class ActionModule(ActionBase):
         if not releasing and not args.get("token"):
             # the run marker lets the host refuse at once a wait on a lock this same run holds
             args["label"] = f"{args.get('label') or task_label(self._task, task_vars)} {run_marker()}"
+            if getattr(self._connection, "transport", None) in LOCAL_TRANSPORTS:
+                # the host is this machine: the wait watches the run's process itself (a SIGKILLed
+                # ansible-playbook leaves its worker, and so the module's stdout, alive)
+                args["controller"] = controller_process()
         token = args.get("token")
         if releasing and isinstance(token, str) and not self._task.check_mode:
             # stop renewing first: a renewal racing the release could only fail, but why send it

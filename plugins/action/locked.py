@@ -29,7 +29,11 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
-from ansible_collections.hostlock.core.plugins.plugin_utils._runid import controller_process, run_marker
+from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
+    LOCAL_TRANSPORTS,
+    controller_process,
+    run_marker,
+)
 
 LOCKED_MODULE = "hostlock.core.locked"
 
@@ -170,7 +174,7 @@ class ActionModule(ActionBase):
         label = args["label"] or task_label(self._task, task_vars)
         locked_args = {k: args[k] for k in ("name", "path", "timeout", "mode", "slots", "directory", "on_conflict")}
         locked_args = {k: v for k, v in locked_args.items() if v is not None or k not in ("name", "path")}
-        if getattr(self._connection, "transport", None) in ("local", "ansible.builtin.local", "ansible.legacy.local"):
+        if getattr(self._connection, "transport", None) in LOCAL_TRANSPORTS:
             # the host is this machine: its wait can watch the run's process itself (a SIGKILLed
             # ansible-playbook leaves its worker, and so the module's stdout, alive)
             locked_args["controller"] = controller_process()
@@ -299,6 +303,8 @@ class ActionModule(ActionBase):
                          directory=args["directory"], timeout=args["timeout"],
                          on_conflict="fail", label=f"{label} {run_marker(task=True)}")
         lock_args = {k: v for k, v in lock_args.items() if v is not None}
+        if getattr(self._connection, "transport", None) in LOCAL_TRANSPORTS:
+            lock_args["controller"] = controller_process()  # as for the lock action: the run itself is watched
         if which.get("path"):
             lock_args.pop("slots", None)
         info: dict[str, t.Any] = dict(which, module=fqcn, taken=False, waited=0.0)

@@ -152,6 +152,12 @@ options:
       - The result carries RV(fence), the fencing token, and RV(path), the etcd key prefix, instead of
         RV(directory). O(directory) does not apply.
     type: str
+  controller:
+    description:
+      - Internal, set by the action plugin on the controller for the local connection; do not set it. The
+        C(ansible-playbook) process (C(PID:START) in clock ticks); a wait ends, and no lease is kept, once
+        that process is gone, even if its worker lives on (C(kill -9) of C(ansible-playbook)).
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -583,6 +589,8 @@ ARGUMENT_SPEC = dict(
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
     # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
     fleet=dict(type="str"),
+    # set by the action for the local connection: the ansible-playbook process, watched while we wait
+    controller=dict(type="str"),
 )
 # Also used by the action, which checks a fleet task on the controller with the same rules.
 # lease is required to acquire unless heartbeat=true defaults it: params_error says so (required_if cannot)
@@ -709,13 +717,13 @@ class Task:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise
             else:
-                if controller_gone():
+                if controller_gone(controller=p["controller"]):
                     # Nobody will ever read the token, so nobody could release the lease: give it back now
                     # rather than keep the lock for a whole lease (a controller Ctrl-C'd during our last slice).
                     self.give_back(token)
                     raise ControllerGone()
                 return token
-            if controller_gone():
+            if controller_gone(controller=p["controller"]):
                 raise ControllerGone()
 
     def give_back(self, token: str) -> None:

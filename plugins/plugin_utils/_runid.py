@@ -33,6 +33,10 @@ def run_id() -> str:
     return hashlib.sha256(seed.encode()).hexdigest()[:12]
 
 
+# The connections whose host is this machine: there a module can watch the controller's processes itself.
+LOCAL_TRANSPORTS = ("local", "ansible.builtin.local", "ansible.legacy.local")
+
+
 def controller_process() -> str:
     """The ansible-playbook process as "PID:START" (start time in clock ticks), computed in a forked worker."""
     pid = os.getppid()

@@ -197,14 +197,34 @@ def test_locked_table_cell(ansible, engine, tmp_path, conn, pipelining, how, pha
 
 
 LEASE_CELLS = [(conn, pipelining, how) for conn in ("local", "ssh") for pipelining in ("off", "on")
-               for how in ("ctrl-c", "sigterm")]
+               for how in ("ctrl-c", "sigterm", "sigkill") if not (how == "sigkill" and conn == "ssh")]
+
+
+def _session(sid: int) -> list[int]:
+    """The processes of session `sid` (ansible-playbook's, see conftest's popen): its workers, their ssh."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rpartition(")")[2].split()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            # ssh's ControlPersist master outlives the run by design; it carries no module's stdout
+            if int(fields[3]) == sid and fields[0] not in ("Z", "X") and b"[mux]" not in cmdline:
+                found.append(int(entry))
+    return found
 
 
 @pytest.mark.parametrize("conn,pipelining,how", LEASE_CELLS, ids=["-".join(c) for c in LEASE_CELLS])
 def test_lock_lease_task_killed_mid_wait_leaves_no_lease(ansible, engine, tmp_path, conn, pipelining, how):
-    """hostlock.core.lock waiting for a lock when its controller is Ctrl-C'd or SIGTERMed, and the lock
-    comes free right then: the lease its waiting slice may still take is given back at once, not kept
-    for its whole lease (600 s here) with nobody to release it."""
+    """hostlock.core.lock waiting for a lock when its controller is Ctrl-C'd, SIGTERMed or (local connection)
+    SIGKILLed, and the lock comes free once the controller is gone, during the module's current waiting
+    slice: the lease that slice takes is given back at once, not kept for its whole lease (600 s here) with
+    nobody to release it. Over SSH the controller is gone when its connection is (the run's processes have
+    ended); on the local connection, after kill -9, when ansible-playbook has (its worker lives on)."""
     cell = f"lease-{conn}-{pipelining}-{how}"
     events, hold_gate = tmp_path / "events", tmp_path / "hold-gate"
     holder = subprocess.Popen([*hostlock_cli(), "run", "-d", str(ansible.lockdir), cell, "sh", "-c",
@@ -224,8 +244,10 @@ def test_lock_lease_task_killed_mid_wait_leaves_no_lease(ansible, engine, tmp_pa
         _wait_for(lambda: _marked(cell) and engine.status(cell, directory=str(ansible.lockdir)).waiters > 0,
                   "the lock task to wait for the lock on the host")
         _strike(proc, how, None)
-        hold_gate.touch()  # the lock comes free while the task's last waiting slice may still run
         proc.communicate(timeout=120)
+        if how != "sigkill":  # after kill -9 the worker lives on, reading the module's stdout
+            _wait_for(lambda: not _session(proc.pid), "the run's workers and their connections to end")
+        hold_gate.touch()  # the lock comes free while the task's waiting slice still runs
         assert holder.wait(timeout=60) == 0
         # the module, and any lease holder it started, end: nobody is left to release a lease later
         _wait_for(lambda: not _marked(cell), "the lock task and its lease holder to end")
