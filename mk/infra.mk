@@ -63,9 +63,12 @@ units: venv
 	$(ANSIBLE_TEST) units --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(UNITS_ARGS) tests/unit/plugins/
 
 ANSIBLE_LINT_PATHS := $(wildcard roles playbooks)
-lint-ansible: venv
+# The with_lock role calls hostlock.core's own modules: ansible-lint resolves them from the checkout, linked
+# as a collection (roles-collection, mk/roles.mk).
+lint-ansible: venv roles-collection
 	@if [[ -z "$(ANSIBLE_LINT_PATHS)" ]]; then echo "make lint-ansible: no roles/ or playbooks/ yet"; exit 0; fi; \
-	$(VENV_BIN)/ansible-lint --offline --profile production $(ANSIBLE_LINT_PATHS)
+	ANSIBLE_COLLECTIONS_PATH=$(abspath $(ROLES_COLLECTIONS)) \
+	  $(VENV_BIN)/ansible-lint --offline --profile production $(ANSIBLE_LINT_PATHS)
 
 bench-engine: venv
 	$(PY) -m pip install --quiet -r requirements/bench.txt

@@ -57,6 +57,6 @@ molecule: venv roles-deps module-utils
 
 lint-roles: venv roles-collection
 	ANSIBLE_COLLECTIONS_PATH=$(abspath $(ROLES_COLLECTIONS)) \
-	  $(VENV_BIN)/ansible-lint --offline --profile production roles/cli roles/cron tests/integration/roles
+	  $(VENV_BIN)/ansible-lint --offline --profile production roles/cli roles/cron roles/with_lock tests/integration/roles
 
 TEST_TARGETS += test-roles

@@ -83,7 +83,7 @@ def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_D
     try:
         value = float(text.strip())
     except ValueError:
-        value = _with_units(text)
+        value = _with_units(text, what)
     if math.isnan(value) or value < 0 or (positive and value == 0):
         raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
                               % (what, text, "> 0" if positive else ">= 0"))
@@ -92,7 +92,7 @@ def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_D
     return value
 
 
-def _with_units(text: str) -> float:
+def _with_units(text: str, what: str = "duration") -> float:
     s = text.strip().lower()
     value, number, i = 0.0, "", 0
     while i < len(s):
@@ -103,14 +103,14 @@ def _with_units(text: str) -> float:
             continue
         unit = "ms" if s.startswith("ms", i) else c
         if unit not in _UNITS or not number:
-            raise InvalidDuration("invalid duration %r: %s" % (text, _DURATION_HELP))
+            raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
         try:
             value += float(number) * _UNITS[unit]
         except ValueError:
-            raise InvalidDuration("invalid duration %r: bad number %r" % (text, number)) from None
+            raise InvalidDuration("invalid %s %r: bad number %r" % (what, text, number)) from None
         number, i = "", i + len(unit)
     if number:
-        raise InvalidDuration("invalid duration %r: number %r has no unit" % (text, number))
+        raise InvalidDuration("invalid %s %r: number %r has no unit" % (what, text, number))
     return value
 
 

@@ -63,16 +63,22 @@ def _heartbeats() -> set[str]:
     return names
 
 
-def _start(ansible, target: str, lock: str, events: Path, gate: Path, lease: float = 60) -> subprocess.Popen:
+# The same work under one lock, written two ways: the block pattern by hand, and the hostlock.core.with_lock
+# role (one task). Every guarantee below is tested for both.
+BOOKS = ["lock_block.yml", "with_lock.yml"]
+
+
+def _start(ansible, book: str, target: str, lock: str, events: Path, gate: Path, lease: float = 60) -> subprocess.Popen:
     evars = dict(target=target, lock=lock, events=str(events), gate=str(gate), lease=lease)
-    return ansible.popen("lock_block.yml", extra_vars=evars)
+    return ansible.popen(book, extra_vars=evars)
 
 
+@pytest.mark.parametrize("book", BOOKS)
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
-def test_block_lock_is_renewed_while_the_block_runs_and_released_after(ansible, engine, tmp_path, target):
+def test_block_lock_is_renewed_while_the_block_runs_and_released_after(ansible, engine, tmp_path, target, book):
     """The heartbeat keeps a short lease alive across the block's steps; the always: release ends both."""
     lock, events, gate = f"block-{target}", tmp_path / "events", tmp_path / "gate"
-    proc = _start(ansible, target, lock, events, gate, lease=20)
+    proc = _start(ansible, book, target, lock, events, gate, lease=20)
     try:
         _wait_for(lambda: "in" in _events(events), "the included work to start", proc=proc)
         (holder,) = _live(engine, ansible, lock)
@@ -94,12 +100,14 @@ def test_block_lock_is_renewed_while_the_block_runs_and_released_after(ansible, 
     assert list(_events(events)) == ["first", "in", "out"], events.read_text()
 
 
+@pytest.mark.parametrize("book", BOOKS)
 @pytest.mark.parametrize(
     "target,sig",
     [("loc", signal.SIGKILL), ("ssh1", signal.SIGKILL), ("loc", signal.SIGTERM), ("ssh1", signal.SIGINT)],
     ids=["local-SIGKILL", "ssh-SIGKILL", "local-SIGTERM", "ssh-SIGINT"],
 )
-def test_killed_controller_mid_block_frees_the_lock_after_the_in_flight_work(ansible, engine, tmp_path, target, sig):
+def test_killed_controller_mid_block_frees_the_lock_after_the_in_flight_work(ansible, engine, tmp_path, target, sig,
+                                                                           book):
     """The controller dies mid-block while the block's work (which ignores the signals) runs on the host.
 
     The heartbeat sees the run end and ends the lease at once (not after its 60 s); the holder on the host
@@ -107,7 +115,7 @@ def test_killed_controller_mid_block_frees_the_lock_after_the_in_flight_work(ans
     through `hostlock run`) starts only after that work ended: timestamps prove no overlap.
     """
     lock, events, gate = f"killed-{target}-{sig.name.lower()}", tmp_path / "events", tmp_path / "gate"
-    proc = _start(ansible, target, lock, events, gate)
+    proc = _start(ansible, book, target, lock, events, gate)
     nxt = None
     try:
         work_pid = _wait_for(lambda: _events(events).get("in", (0,))[0], "the included work to start", proc=proc)
@@ -142,7 +150,8 @@ def test_killed_controller_mid_block_frees_the_lock_after_the_in_flight_work(ans
     _wait_for(lambda: not _live(engine, ansible, lock), "the lock to be free")
 
 
-def test_dropped_connection_frees_the_lock_after_the_lease_and_the_work(ansible, engine, tmp_path):
+@pytest.mark.parametrize("book", BOOKS)
+def test_dropped_connection_frees_the_lock_after_the_lease_and_the_work(ansible, engine, tmp_path, book):
     """sshd and its session daemons die mid-block: renewals cannot reach the host, the lease runs out on its
     own, and the lock is still kept until the block's work on the host has ended."""
     from harness import Sshd
@@ -152,7 +161,7 @@ def test_dropped_connection_frees_the_lock_after_the_lease_and_the_work(ansible,
     proc = None
     try:
         ansible.inventory.write_text("[ssh]\n" + server.inventory_line("broken", ansible.python) + "\n")
-        proc = _start(ansible, "broken", lock, events, gate, lease=4)
+        proc = _start(ansible, book, "broken", lock, events, gate, lease=4)
         work_pid = _wait_for(lambda: _events(events).get("in", (0,))[0], "the included work to start", proc=proc)
         server.drop_connections()
         proc.communicate(timeout=120)

@@ -1,0 +1,157 @@
+"""hostlock.core.with_lock: several tasks (a tasks file or a role) under one host lock, in one task.
+
+The lock's guarantees when the controller dies or the connection drops are tested with the block pattern's
+own tests (test_lock_block.py runs each for both playbooks). Here: two runs take turns with timestamps
+proving no overlap, a role, nesting, a failure, check mode, and bad input. Real ansible-playbook, local
+and over the harness's sshd; every wait is on an event (gate files, lock records).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _wait_for(predicate, what: str, limit: float = 180.0, proc: subprocess.Popen | None = None):
+    """Poll for an event (a generous safety net, not a timing assumption)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"ansible-playbook exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _lines(path: Path) -> list[tuple[str, int, float]]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        word, number, when = line.split()[:3]
+        out.append((word, int(number), float(when)))
+    return out
+
+
+def _live(engine, ansible, lock: str) -> list:
+    return [h for h in engine.holders(lock, directory=str(ansible.lockdir)) if not h.stale]
+
+
+def _finish(*procs: subprocess.Popen | None) -> None:
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_two_runs_take_turns_under_one_task(ansible, engine, tmp_path, target):
+    """Run B's work under with_lock starts only after run A's whole work (a tasks file) has ended."""
+    lock, gate = f"turns-{target}", tmp_path / "gate"
+    events_a, events_b = tmp_path / "events-a", tmp_path / "events-b"
+    evars = dict(target=target, lock=lock, gate=str(gate))
+    first = second = None
+    try:
+        first = ansible.popen("with_lock.yml", extra_vars=dict(evars, events=str(events_a)))
+        _wait_for(lambda: [e for e in _lines(events_a) if e[0] == "in"], "run A's work to start", proc=first)
+        second = ansible.popen("with_lock.yml", extra_vars=dict(evars, events=str(events_b)))
+        _wait_for(lambda: engine.status(lock, directory=str(ansible.lockdir)).waiters > 0, "run B to wait",
+                  proc=second)
+        assert not _lines(events_b), "run B's work started while run A held the lock"
+        gate.touch()
+        out_a, _ = first.communicate(timeout=180)
+        out_b, _ = second.communicate(timeout=180)
+    finally:
+        gate.touch()
+        _finish(first, second)
+    assert first.returncode == 0, out_a
+    assert second.returncode == 0, out_b
+    a, b = dict((w, t) for w, _n, t in _lines(events_a)), dict((w, t) for w, _n, t in _lines(events_b))
+    assert list(a) == ["first", "in", "out"] and list(b) == ["first", "in", "out"]
+    print(f"\n{target}: A first +0, A out +{a['out'] - a['first']:.3f}s, B first +{b['first'] - a['first']:.3f}s")
+    assert b["first"] >= a["out"], "run B's work overlapped run A's"
+    assert not _live(engine, ansible, lock)
+
+
+def test_a_role_runs_under_the_lock_and_the_lock_is_freed_after(ansible, engine, tmp_path):
+    """with_lock_role: the role's tasks run with the lease held (seen from the host), then it is released."""
+    lock, events, gate = "role", tmp_path / "events", tmp_path / "gate"
+    proc = ansible.popen("with_lock.yml", extra_vars=dict(target="ssh1", lock=lock, events=str(events),
+                                                          gate=str(gate), role="with_lock_steps"))
+    try:
+        _wait_for(lambda: [e for e in _lines(events) if e[0] == "in"], "the role's work to start", proc=proc)
+        (holder,) = _live(engine, ansible, lock)
+        assert holder.token_id, "the role's work runs without the lease held"
+        gate.touch()
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        gate.touch()
+        _finish(proc)
+    assert proc.returncode == 0, out
+    assert [w for w, _n, _t in _lines(events)] == ["first", "in", "out"]
+    assert not _live(engine, ansible, lock)
+
+
+def test_nested_locks_keep_both_marks_and_the_inner_release_keeps_the_outer(ansible, engine, tmp_path):
+    """An inner with_lock inside an outer one: the inner work carries both leases' marks; after the inner
+    release the outer lock is still held (and its work still marked); both are free at the end, and no
+    release warns that its lease was already gone (each released its own token)."""
+    lock, events = "outer", tmp_path / "events"
+    run = ansible.play("with_lock.yml", extra_vars=dict(
+        target="loc", lock=lock, events=str(events), gate=str(tmp_path / "unused"),
+        steps=str(Path(ansible.command("with_lock.yml")[1]).parent / "tasks" / "with_lock_nested.yml")))
+    assert run.rc == 0, run.out
+    assert [(w, n) for w, n, _t in _lines(events)] == [("marks", 2), ("marks", 1)], events.read_text()
+    assert "not held any more" not in run.out and "no lease" not in run.out, run.out
+    assert not _live(engine, ansible, lock) and not _live(engine, ansible, f"{lock}-inner")
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_a_failing_task_releases_the_lock_and_fails_the_run(ansible, engine, tmp_path, target):
+    lock, events = f"failing-{target}", tmp_path / "events"
+    run = ansible.play("with_lock.yml", extra_vars=dict(
+        target=target, lock=lock, events=str(events), gate=str(tmp_path / "unused"),
+        steps=str(Path(ansible.command("with_lock.yml")[1]).parent / "tasks" / "with_lock_failing.yml")))
+    assert run.rc == 2, run.out
+    assert "the work failed halfway" in run.out
+    assert [w for w, _n, _t in _lines(events)] == ["first"]
+    assert not _live(engine, ansible, lock), "the failure left the lock held"
+
+
+def test_check_mode_takes_no_lock_and_runs_the_tasks_in_check_mode(ansible, engine, tmp_path):
+    lock, events = "check", tmp_path / "events"
+    run = ansible.play("with_lock.yml", "--check", extra_vars=dict(target="loc", lock=lock, events=str(events),
+                                                                   gate=str(tmp_path / "unused")))
+    assert run.rc == 0, run.out
+    assert not events.exists(), "a command ran in check mode"
+    assert not _live(engine, ansible, lock)
+
+
+@pytest.mark.parametrize(
+    "extra,says",
+    [
+        (dict(role="with_lock_steps", steps="x.yml"), "set exactly one of with_lock_tasks"),
+        (dict(steps=""), "set exactly one of with_lock_tasks"),
+        (dict(lock=""), "set exactly one of with_lock_name"),
+        (dict(lease="-3"), "lease"),
+        (dict(lease="3 weeks"), "lease"),
+    ],
+    ids=["tasks-and-role", "neither", "no-lock", "negative-lease", "bad-lease"],
+)
+def test_bad_input_fails_before_anything_runs_and_takes_no_lock(ansible, engine, tmp_path, extra, says):
+    """Fail closed: a setting with_lock cannot honour stops the host's work with one clear message; nothing
+    runs and no lock is left held."""
+    events = tmp_path / "events"
+    evars = dict(target="loc", lock="bad", events=str(events), gate=str(tmp_path / "unused"))
+    evars.update(extra)
+    run = ansible.play("with_lock_bad.yml", extra_vars=evars)
+    assert run.rc == 2, run.out
+    assert says in run.out, run.out
+    assert "Traceback" not in run.out
+    assert not events.exists(), "work ran despite the bad input"
+    assert not _live(engine, ansible, "bad")
