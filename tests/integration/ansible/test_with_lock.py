@@ -97,6 +97,25 @@ def test_a_role_runs_under_the_lock_and_the_lock_is_freed_after(ansible, engine,
     assert not _live(engine, ansible, lock)
 
 
+def test_a_path_lock_excludes_flock1_scripts_while_the_tasks_run(ansible, engine, tmp_path):
+    """with_lock_path: while the tasks run, /usr/bin/flock on that file is refused; after, it gets it."""
+    events, gate, path = tmp_path / "events", tmp_path / "gate", tmp_path / "shared.lock"
+    path.touch()
+    proc = ansible.popen("with_lock.yml", extra_vars=dict(target="ssh1", lock="unused", path=str(path),
+                                                          events=str(events), gate=str(gate)))
+    try:
+        _wait_for(lambda: [e for e in _lines(events) if e[0] == "in"], "the work to start", proc=proc)
+        busy = subprocess.run(["/usr/bin/flock", "-n", str(path), "true"], check=False)
+        assert busy.returncode == 1, "flock(1) got the file while the tasks held it"
+        gate.touch()
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        gate.touch()
+        _finish(proc)
+    assert proc.returncode == 0, out
+    assert subprocess.run(["/usr/bin/flock", "-n", str(path), "true"], check=False).returncode == 0
+
+
 def test_nested_locks_keep_both_marks_and_the_inner_release_keeps_the_outer(ansible, engine, tmp_path):
     """An inner with_lock inside an outer one: the inner work carries both leases' marks; after the inner
     release the outer lock is still held (and its work still marked); both are free at the end, and no
