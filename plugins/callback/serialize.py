@@ -149,7 +149,8 @@ options:
       - It sees the processes the connecting (or C(become)) user may inspect; runs that must exclude
         each other should connect as the same user, or as root.
       - For a host without C(/bin/sh) and C(/proc) (network devices, Windows), set the host variable
-        C(hostlock_serialize_wait_in_flight=false) to skip the wait there.
+        C(hostlock_serialize_wait_in_flight=false) to skip the wait there. Any value that is not a boolean
+        (a typo) fails that host before its first task, with one line, rather than skip the wait.
       - A boolean (V(true)/V(false), V(yes)/V(no), V(1)/V(0), V(on)/V(off)); anything else stops the run
         before its first task (status 64) instead of being read as false.
     type: str
@@ -245,6 +246,9 @@ _BAD_CHARS = re.compile(r"[^A-Za-z0-9._+@-]")
 MARK_HOST = "HOSTLOCK_SERIALIZE_HOST"
 MARK_RUN = "HOSTLOCK_SERIALIZE_RUN"
 WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
+# The words Ansible reads as booleans, as strings (a host var may be a string, a bool or an int).
+_TRUE_WORDS = sorted({str(w).lower() for w in BOOLEANS_TRUE})
+_FALSE_WORDS = sorted({str(w).lower() for w in BOOLEANS_FALSE})
 # Waits until no process of this user carrying this host's marker from another run is left ($1 host, $2 our
 # run, $3 seconds or -1). /proc/PID/environ is the environment the task started with, which its children
 # inherit; grep reads them all (file names through printf | xargs: no argument list to overflow however many
@@ -652,8 +656,18 @@ class CallbackModule(CallbackBase):
         # The wait itself carries no host mark (the task's environment overrides the play's): two waits
         # left by killed runs must never wait for each other.
         task.environment = [{MARK_HOST: "-"}]
-        # a host without a POSIX shell and /proc (network devices, Windows) opts out with this host var
-        task.when = [trust_as_template("hostlock_serialize_wait_in_flight | default(true) | bool")]
+        # A host without a POSIX shell and /proc (network devices, Windows) opts out with this host var. Only
+        # a recognised false skips the wait. Any other value that is not a recognised true fails the host
+        # here, before its first task, with one line (mandatory's msg): the bool filter would read a typo
+        # as false, and skip the wait unasked.
+        value = "(hostlock_serialize_wait_in_flight | default(true) | string | lower)"
+        refusal = ("'hostlock.core.serialize: hostlock_serialize_wait_in_flight must be true or false, not ' ~ "
+                   "(hostlock_serialize_wait_in_flight | string | truncate(40) | to_json) ~ '; nothing ran on "
+                   "this host'")
+        task.when = [trust_as_template(
+            f"{value} in {_TRUE_WORDS!r} or ({value} not in {_FALSE_WORDS!r} and "
+            f"(hostlock_serialize__never_defined | mandatory(msg={refusal})))"
+        )]
         task.check_mode = False
         task.tags = ["always"]
         task.set_loader(play._loader)

@@ -277,6 +277,32 @@ def test_host_var_opts_out_of_the_in_flight_wait(ansible):
     assert "B loc end" in log.read_text()
 
 
+@pytest.mark.parametrize("value", ["flase", "maybe", "0.5", "[]"])
+def test_a_host_var_that_is_not_a_boolean_fails_the_host_before_its_first_task(ansible, value):
+    """Fail closed: the bool filter would read a typo of hostlock_serialize_wait_in_flight as false and skip
+    the wait; instead the host fails before its first task, with one line naming the variable."""
+    log = ansible.work / "typo.log"
+    log.touch()
+    run = ansible.play("serialized.yml", "-e", f"hostlock_serialize_wait_in_flight={value}",
+                       extra_vars=dict(pattern="loc", tag="B", log=str(log), gate=""), **_env(ansible))
+    assert run.rc == 2, run.out
+    assert "hostlock_serialize_wait_in_flight must be true or false" in run.out, run.out
+    assert "Traceback" not in run.out
+    assert "B loc start" not in log.read_text(), "the play's task ran"
+
+
+@pytest.mark.parametrize("value", ["yes", "True", "1", "on"])
+def test_a_host_var_that_says_true_keeps_the_wait(ansible, value):
+    log = ansible.work / "yes.log"
+    log.touch()
+    run = ansible.play("serialized.yml", "-e", f"hostlock_serialize_wait_in_flight={value}",
+                       extra_vars=dict(pattern="loc", tag="B", log=str(log), gate=""), **_env(ansible))
+    assert run.rc == 0, run.out
+    waits = run.results()["hostlock.core.serialize: wait for earlier runs' tasks on this host"]
+    assert waits["loc"]["_status"] != "skipped", waits
+    assert "B loc end" in log.read_text()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_run_killed_mid_wait_runs_nothing(ansible, engine, sig):
     """A run killed while it waits for a busy host leaves nothing behind and never runs its task."""
