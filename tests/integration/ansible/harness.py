@@ -235,3 +235,18 @@ def _session_daemons(port: int) -> list[int]:
                 daemons.add(ppid)
             ppid = int(fields[1])
     return sorted(daemons)
+
+
+def wait_for(predicate, what: str, limit: float = 180.0, proc: subprocess.Popen | None = None):
+    """Poll until `predicate()` is truthy and return its value: waiting for an event, with a generous hang
+    guard (not a timing assumption). With `proc`, an ansible-playbook that exits first fails at once."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"ansible-playbook exited ({proc.returncode}) before {what}:\n{out}")
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")

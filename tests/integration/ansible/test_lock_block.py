@@ -10,11 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from harness import hostlock_cli
+from harness import wait_for as _wait_for
 
 # The next job, through the host's CLI: records when it started and whether the block's work still ran.
 NEXT = (
@@ -24,20 +24,6 @@ NEXT = (
     "word = 'next' if state in ('gone', 'Z', 'X') else 'next-overlap'\n"
     "open(sys.argv[1], 'a').write('%s %d %.9f\\n' % (word, 0, time.time()))\n"
 )
-
-
-def _wait_for(predicate, what: str, limit: float = 180.0, proc: subprocess.Popen | None = None):
-    """Poll for an event (a generous safety net, not a timing assumption)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"ansible-playbook exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def _events(path: Path) -> dict[str, tuple[int, float]]:
     found = {}

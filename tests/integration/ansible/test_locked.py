@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from harness import Sshd, hostlock_cli
+from harness import wait_for as _wait_for
 
 
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
@@ -93,17 +93,6 @@ def _work_playbook(ansible, host: str, lock: str, events, gate) -> str:
         f"            {WORK.format(events=events, gate=gate)}\n"
     )
     return str(playbook)
-
-
-def _wait_for(predicate, what: str, limit: float = 120.0):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def _started(events):
     lines = events.read_text().splitlines() if events.exists() else []

@@ -16,11 +16,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from harness import Sshd, hostlock_cli
+from harness import wait_for as _wait_for
 
 # The wrapped work: nothing trapped, so whatever reaches it ends it before its `out` line.
 WORK = 'echo "in $$ $(date +%s.%N)" >> {events}; while [ ! -e {gate} ]; do sleep 0.02; done; ' \
@@ -44,17 +44,6 @@ CELLS = [
     for phase in ("task", "wait")
     if not (how == "drop" and conn == "local")  # a local connection has nothing to drop
 ]
-
-
-def _wait_for(predicate, what: str, limit: float = 120.0):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def _events(path: Path) -> list[tuple[str, int, float]]:
     out = []

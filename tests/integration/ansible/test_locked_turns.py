@@ -8,9 +8,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 
 from harness import hostlock_cli
+from harness import wait_for as _wait_for
 
 TURNS = """\
 - name: Take turns on one lock
@@ -82,16 +82,6 @@ def _runners() -> list[int]:
             except OSError:
                 pass
     return found
-
-
-def _wait_for(predicate, what: str, limit: float = 120.0):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def test_sigkill_of_ansible_playbook_while_a_local_task_waits_runs_nothing(ansible, tmp_path):
     """kill -9 of the ansible-playbook pid: its worker lives on and keeps reading the module's stdout, so

@@ -16,25 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from harness import wait_for as _wait_for
 
 FLOCK = shutil.which("flock") or "/usr/bin/flock"
 pytestmark = pytest.mark.skipif(not os.access(FLOCK, os.X_OK), reason="util-linux flock(1) not installed")
 
 STEP = 'echo "{word} $$ $(date +%s.%N)" >> {events}; while [ ! -e {gate} ]; do sleep 0.02; done; ' \
        'echo "{word}-end $$ $(date +%s.%N)" >> {events}'
-
-
-def _wait_for(predicate, what: str, limit: float = 120.0, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"ansible-playbook exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def _events(path: Path) -> dict[str, float]:
     found = {}

@@ -11,23 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-
-
-def _wait_for(predicate, what: str, limit: float = 180.0, proc: subprocess.Popen | None = None):
-    """Poll for an event (a generous safety net, not a timing assumption)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"ansible-playbook exited ({proc.returncode}) before {what}:\n{proc.stdout.read()}")
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+from harness import wait_for as _wait_for
 
 
 def _lines(path: Path) -> list[tuple[str, int, float]]:
