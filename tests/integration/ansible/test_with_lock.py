@@ -117,12 +117,14 @@ def test_nested_locks_keep_both_marks_and_the_inner_release_keeps_the_outer(ansi
     assert not _live(engine, ansible, lock) and not _live(engine, ansible, f"{lock}-inner")
 
 
-@pytest.mark.parametrize("target", ["loc", "ssh1"])
-def test_a_failing_task_releases_the_lock_and_fails_the_run(ansible, engine, tmp_path, target):
+@pytest.mark.parametrize("target,steps", [("loc", "absolute"), ("ssh1", "absolute"), ("loc", "relative")])
+def test_a_failing_task_releases_the_lock_and_fails_the_run(ansible, engine, tmp_path, target, steps):
+    """The release runs after a failure. Also: a relative with_lock_tasks is found beside the playbook."""
     lock, events = f"failing-{target}", tmp_path / "events"
+    where = Path(ansible.command("with_lock.yml")[1]).parent if steps == "absolute" else Path()
     run = ansible.play("with_lock.yml", extra_vars=dict(
         target=target, lock=lock, events=str(events), gate=str(tmp_path / "unused"),
-        steps=str(Path(ansible.command("with_lock.yml")[1]).parent / "tasks" / "with_lock_failing.yml")))
+        steps=str(where / "tasks" / "with_lock_failing.yml")))
     assert run.rc == 2, run.out
     assert "the work failed halfway" in run.out
     assert [w for w, _n, _t in _lines(events)] == ["first"]
