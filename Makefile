@@ -28,7 +28,8 @@ VENV_STAMP := $(VENV)/.stamp-$(VENV_HASH)
 
 PYTEST_ARGS ?=
 # pytest-xdist workers for the integration suites whose tests are independent (own tmp dirs, free ports):
-# test-engine 110 s -> 71 s, test-cli 80 s -> 28 s on 2 busy cores. XDIST= runs them serially.
+# test-engine 110 s -> 71 s, test-cli 80 s -> 28 s, test-ansible ~600 s -> 437 s on 2 busy cores (two CPU hogs).
+# XDIST= runs them serially.
 XDIST ?= -n 2
 TEST_TARGETS  := lint test-unit
 QUICK_TARGETS := lint test-unit

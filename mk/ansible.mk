@@ -22,7 +22,7 @@ openssh-server:
 
 # etcd-deps (mk/fleet.mk): the fleet tests (test_fleet_*.py) run a real etcd; without it they would skip.
 test-ansible: venv openssh-server etcd-deps module-utils
-	$(PYTEST) -q $(ANSIBLE_TESTS) $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST) $(ANSIBLE_TESTS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory integration-ansible
 
 integration-ansible: venv module-utils

@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_lock_block import _events, _heartbeats, _live, _start, _wait_for
+from harness import wait_for as _wait_for
+from test_lock_block import _events, _heartbeats, _live, _start
 
 PYTHON = "/usr/bin/python3"
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
@@ -61,7 +62,7 @@ def test_a_user_binding_every_learnable_name_cannot_fail_a_heartbeat_task(ansibl
     proc = None
     try:
         assert attacker.stdout.readline().strip() == "READY", attacker.stderr.read()
-        proc = _start(ansible, target, lock, events, gate, lease=20)
+        proc = _start(ansible, "lock_block.yml", target, lock, events, gate, lease=20)
         _wait_for(lambda: "in" in _events(events), "the included work to start", proc=proc)
         (holder,) = _live(engine, ansible, lock)
         tid, first_expiry = holder.token_id, holder.lease_expires
