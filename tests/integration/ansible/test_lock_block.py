@@ -25,6 +25,7 @@ NEXT = (
     "open(sys.argv[1], 'a').write('%s %d %.9f\\n' % (word, 0, time.time()))\n"
 )
 
+
 def _events(path: Path) -> dict[str, tuple[int, float]]:
     found = {}
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -92,8 +93,9 @@ def test_block_lock_is_renewed_while_the_block_runs_and_released_after(ansible, 
     [("loc", signal.SIGKILL), ("ssh1", signal.SIGKILL), ("loc", signal.SIGTERM), ("ssh1", signal.SIGINT)],
     ids=["local-SIGKILL", "ssh-SIGKILL", "local-SIGTERM", "ssh-SIGINT"],
 )
-def test_killed_controller_mid_block_frees_the_lock_after_the_in_flight_work(ansible, engine, tmp_path, target, sig,
-                                                                           book):
+def test_killed_controller_mid_block_frees_the_lock_after_the_in_flight_work(
+    ansible, engine, tmp_path, target, sig, book
+):
     """The controller dies mid-block while the block's work (which ignores the signals) runs on the host.
 
     The heartbeat sees the run end and ends the lease at once (not after its 60 s); the holder on the host

@@ -94,6 +94,7 @@ def _work_playbook(ansible, host: str, lock: str, events, gate) -> str:
     )
     return str(playbook)
 
+
 def _started(events):
     lines = events.read_text().splitlines() if events.exists() else []
     return int(lines[0].split()[1]) if lines and lines[0].startswith("in ") else None

@@ -45,6 +45,7 @@ CELLS = [
     if not (how == "drop" and conn == "local")  # a local connection has nothing to drop
 ]
 
+
 def _events(path: Path) -> list[tuple[str, int, float]]:
     out = []
     for line in path.read_text().splitlines() if path.exists() else []:

@@ -83,6 +83,7 @@ def _runners() -> list[int]:
                 pass
     return found
 
+
 def test_sigkill_of_ansible_playbook_while_a_local_task_waits_runs_nothing(ansible, tmp_path):
     """kill -9 of the ansible-playbook pid: its worker lives on and keeps reading the module's stdout, so
     only the run's own process tells the waiting module that nobody will use its result: it gives up and

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.skipif(not os.access(FLOCK, os.X_OK), reason="util-linu
 STEP = 'echo "{word} $$ $(date +%s.%N)" >> {events}; while [ ! -e {gate} ]; do sleep 0.02; done; ' \
        'echo "{word}-end $$ $(date +%s.%N)" >> {events}'
 
+
 def _events(path: Path) -> dict[str, float]:
     found = {}
     for line in path.read_text().splitlines() if path.exists() else []:

@@ -51,8 +51,8 @@ def test_two_runs_take_turns_under_one_task(ansible, engine, tmp_path, target):
                   proc=second)
         assert not _lines(events_b), "run B's work started while run A held the lock"
         gate.touch()
-        out_a, _ = first.communicate(timeout=180)
-        out_b, _ = second.communicate(timeout=180)
+        out_a = first.communicate(timeout=180)[0]
+        out_b = second.communicate(timeout=180)[0]
     finally:
         gate.touch()
         _finish(first, second)
@@ -75,7 +75,7 @@ def test_a_role_runs_under_the_lock_and_the_lock_is_freed_after(ansible, engine,
         (holder,) = _live(engine, ansible, lock)
         assert holder.token_id, "the role's work runs without the lease held"
         gate.touch()
-        out, _ = proc.communicate(timeout=180)
+        out = proc.communicate(timeout=180)[0]
     finally:
         gate.touch()
         _finish(proc)
@@ -95,7 +95,7 @@ def test_a_path_lock_excludes_flock1_scripts_while_the_tasks_run(ansible, engine
         busy = subprocess.run(["/usr/bin/flock", "-n", str(path), "true"], check=False)
         assert busy.returncode == 1, "flock(1) got the file while the tasks held it"
         gate.touch()
-        out, _ = proc.communicate(timeout=180)
+        out = proc.communicate(timeout=180)[0]
     finally:
         gate.touch()
         _finish(proc)
