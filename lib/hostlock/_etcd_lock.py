@@ -100,6 +100,30 @@ def waits_on(entries: list, i: int) -> Entry | None:
     return blocking[-1]
 
 
+LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
+
+
+def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None) -> dict:
+    """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
+    interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
+    revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL."""
+    while True:
+        lid = (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
+        ids.append(lid)
+        try:
+            return client.call("lease/grant", {"TTL": max(1, int(math.ceil(ttl))), "ID": str(lid)}, deadline,
+                               sent=sent)
+        except EtcdError as e:
+            if e.code != LEASE_EXISTS:
+                raise
+            # Our own grant, retried after its answer was lost: its TTL runs from a send earlier than `sent`
+            # says. Give it up and take another id, rather than trust a clock started too late.
+            try:
+                client.call("lease/revoke", {"ID": str(lid)}, deadline)
+            except (EtcdError, FleetUnavailable):
+                pass
+
+
 def _entries(kvs: list | None) -> list:
     out = [Entry(kv) for kv in kvs or []]
     out.sort(key=lambda e: e.rev)
@@ -398,16 +422,15 @@ class EtcdLocker:
 
     def _attempt(self, mode: str, deadline: float | None, record: Builder) -> EtcdHeld | None:
         c = self.client
-        lease = 0
+        ids: list = []
         session: Session | None = None
         ok = False
         try:  # from before the grant: whatever ends this (a signal's exception too) revokes what was granted
             sent: list = []
-            grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline),
-                           sent=sent)
-            lease = int(grant["ID"])
+            reply = grant(c, self.ttl, self._net_deadline(deadline), ids, sent)
+            lease = int(reply["ID"])
             # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, below).
-            session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], None)
+            session = Session(c, lease, float(reply.get("TTL") or self.ttl), sent[0], None)
             key = self.prefix + b"%x" % lease
             held = self._queue(mode, deadline, record, key, lease, session)
             ok = held is not None
@@ -419,8 +442,8 @@ class EtcdLocker:
             if not ok:
                 if session is not None:
                     session.stop()
-                if lease:
-                    self._revoke(lease)
+                for lid in ids:
+                    self._revoke(lid)
 
     def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
                session: Session) -> EtcdHeld | None:
@@ -702,23 +725,31 @@ class EtcdBackend:
         if held is None:
             raise self.status(name).timed_out(timeout)
         hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
+        granted: list = []
         try:
-            self._move(held.key, held.fence, held.lease, lease, pre, hexid)
+            self._move(held.key, held.fence, held.lease, lease, pre, hexid, granted)
+            held.session.stop()  # the old lease has no key now; revoked below, not kept alive
+            locker._revoke(held.lease)
         except BaseException:
+            # Failed or interrupted (a signal's exception: `hostlock hold` unwinds on SIGTERM) before the token
+            # is returned: nobody could release the lock, so neither lease may outlive this, the new one
+            # (our key may be on it already) nor the old.
+            for new in granted:
+                locker._revoke(new)
             locker.release(held)
             raise
-        held.session.stop()  # the old lease has no key now; revoked below, not kept alive
-        locker._revoke(held.lease)
         return "%s%s.%d" % (TOKEN_PREFIX, hexid, held.fence)
 
-    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str) -> float:
+    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str,
+              granted: list | None = None) -> float:
         """Put our key on a new lease of `seconds` (keeping its create_revision, hence the fence and its place);
-        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours."""
+        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours. The new
+        lease's id is appended to `granted` as soon as it is known, for a caller that must undo the move."""
         c = self.client
         deadline = monotonic() + DEFAULT_TTL
-        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(seconds)))}, deadline)
-        new = int(grant["ID"])
-        expires = time.time() + float(grant.get("TTL") or seconds)
+        reply = grant(c, seconds, deadline, [] if granted is None else granted)
+        new = int(reply["ID"])
+        expires = time.time() + float(reply.get("TTL") or seconds)
         value = self._value_with_lease(key, pre, hexid, expires, deadline)
         reply = c.call("kv/txn", {
             "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)},
