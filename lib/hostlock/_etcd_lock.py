@@ -44,6 +44,10 @@ DEFAULT_TTL = 10.0
 CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
 CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
 TOKEN_PREFIX = "hostlock-etcd."
+# A holder's watch on its own key opens this long after the key was made, from the revision after its
+# creation, so a deletion in between still arrives: a short job (`hostlock run NAME true`) ends before the
+# thread does any work that competes with its start, and a deleted key is known at most this much later.
+KEY_WATCH_DELAY = 0.1
 
 
 def _margin(ttl: float) -> float:
@@ -163,6 +167,7 @@ class Claim:
         self.why: str | None = None
         self.unavailable = False
         self._from = 0  # the first watch of our key starts right after its creation: every change arrives
+        self.watch_at = 0.0  # boottime from which the thread opens that watch
         self._lost = False
         self._ended = False
         self._mutex = _thread.allocate_lock()
@@ -194,6 +199,7 @@ class Claim:
     def watch_key(self, key: bytes, created: int) -> None:
         """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
         self._from, self.key = created + 1, key
+        self.watch_at = boottime() + KEY_WATCH_DELAY
         if self.session is not None:
             self.session._poke()
 
@@ -396,20 +402,20 @@ class Session:
                     continue
                 for claim in [c for c in watches if c not in claims or c._lost]:
                     watches.pop(claim).close()  # released, or lost by its own key: nothing more to watch
-                failed = False
+                wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
                 for claim in claims:
                     if claim.key is not None and not claim._lost and claim not in watches:
+                        if claim.watch_at > now:
+                            wake_at = min(wake_at, claim.watch_at)
+                            continue
                         w = self._open_watch(claim, next_ka)
                         if w is not None:
                             watches[claim] = w
                         elif not claim._lost:
-                            failed = True
-                if failed:
-                    # Could not watch now: try again after a pause (never a hot loop against etcd); keep-alives
-                    # go on meanwhile, and so do the watches that are open.
-                    pause = min(0.5, next_ka - boottime())
-                else:
-                    pause = next_ka - boottime()
+                            # Could not watch now: try again after a pause (never a hot loop against etcd);
+                            # keep-alives go on meanwhile, and so do the watches that are open.
+                            wake_at = min(wake_at, boottime() + 0.5)
+                pause = wake_at - boottime()
                 socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
                 # TLS may hold a whole record already read from the socket: select() would not see it.
                 ready = [claim for claim, w in watches.items() if getattr(w.sock, "pending", None) and w.sock.pending()]
@@ -478,7 +484,8 @@ class Session:
             # compacted start cancels the watch; the reopen below then reads the key first).
             start, claim._from = claim._from, 0
             try:
-                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,))
+                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,),
+                                         min_try=0.0)
             except (FleetUnavailable, EtcdError, OSError):
                 return None
         try:
@@ -494,7 +501,8 @@ class Session:
                 claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
                 return None
             rev = int((reply.get("header") or {}).get("revision") or 0)
-            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,))
+            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,),
+                                         min_try=0.0)
         except (FleetUnavailable, EtcdError, OSError):
             return None
 

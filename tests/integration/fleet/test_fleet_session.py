@@ -204,3 +204,20 @@ def test_break_force_ends_that_lock_alone_of_a_process_holding_several(etcd):
         a.release()
         b.release()
     assert leases(etcd) == []
+
+
+def test_a_key_deleted_before_its_watch_opens_is_still_lost(etcd, monkeypatch):
+    """The key's watch opens KEY_WATCH_DELAY after the key was made, from the revision after its creation:
+    a deletion in between still arrives (here the delay is made long, so the deletion surely comes first)."""
+    from hostlock import _etcd_lock
+
+    monkeypatch.setattr(_etcd_lock, "KEY_WATCH_DELAY", 5.0)
+    lost = threading.Event()
+    a = hostlock.Lock("a", fleet=etcd.url, on_lost=lost.set)
+    a.acquire(timeout=GUARD)
+    try:
+        (ka,) = keys(etcd, "hostlock/a/")
+        assert etcd.etcdctl("del", ka).returncode == 0
+        assert lost.wait(GUARD) and a.lost
+    finally:
+        a.release()
