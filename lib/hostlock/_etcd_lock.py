@@ -501,8 +501,7 @@ class Session:
                 claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
                 return None
             rev = int((reply.get("header") or {}).get("revision") or 0)
-            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,),
-                                         min_try=0.0)
+            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,), min_try=0.0)
         except (FleetUnavailable, EtcdError, OSError):
             return None
 
@@ -530,16 +529,16 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_sessions)
 
 
-def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list) -> None:
+def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list) -> Session:
     """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
     (or when this process already has a key of that lock name on it: then a lease of its own). Sets
-    claim.session and claim.name_key; a grant's id is in `ids` before it is asked for."""
+    claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for."""
     url = backend.url
     shared = (url.scheme, tuple(url.endpoints), url.user, url.password, url.cacert, url.cert, url.key, ttl)
     with _SESSIONS_MUTEX:
         session = _SESSIONS.get(shared)
         if session is not None and session.attach(claim, prefix + b"%x" % session.lease):
-            return
+            return session
         private = session is not None and not session.lost and not session._stopped
         sent: list = []
         # Granted with the registry locked: two threads starting at once share one lease, not two.
@@ -550,6 +549,7 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
         claim.name_key = prefix + b"%x" % lease
         if not private:
             _SESSIONS[shared] = made
+        return made
 
 
 class EtcdLocker:
@@ -590,9 +590,8 @@ class EtcdLocker:
         claim = Claim()
         ok = False
         try:  # from before the grant: whatever ends this (a signal's exception too) takes our key with it
-            join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids)
-            assert claim.session is not None and claim.name_key is not None
-            held = self._queue(mode, deadline, record, claim.name_key, claim.session.lease, claim)
+            session = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids)
+            held = self._queue(mode, deadline, record, self.prefix + b"%x" % session.lease, session.lease, claim)
             ok = held is not None
             return held
         except EtcdError as e:
