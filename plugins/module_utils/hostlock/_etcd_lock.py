@@ -601,11 +601,11 @@ class EtcdLocker:
             raise FleetUnavailable("%s: %s" % (self.path, e), endpoints=self.backend.url.members) from None
         finally:
             if not ok:
-                if claim.session is None:
+                granted = claim.session is None
+                self._leave(claim, claim.name_key, 0)
+                if granted:
                     for lid in ids:  # granted (or being granted) when interrupted, before a Session had it
                         self._revoke(lid)
-                else:
-                    self._leave(claim, claim.name_key, 0)
 
     def _leave(self, claim: Claim, key: bytes | None, fence: int) -> None:
         """Take our key out of etcd: revoke the lease when ours was its last claim, else delete the key alone

@@ -221,3 +221,17 @@ def test_a_key_deleted_before_its_watch_opens_is_still_lost(etcd, monkeypatch):
         assert lost.wait(GUARD) and a.lost
     finally:
         a.release()
+
+
+def test_an_attempt_that_fails_before_it_has_a_lease_leaves_no_descriptor(etcd):
+    """A member that refuses: each attempt fails before any lease; its claim's pipe must not stay open."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = "etcd://127.0.0.1:%d" % s.getsockname()[1]  # bound, never listening: connection refused
+        before = len(os.listdir("/proc/self/fd"))
+        for _i in range(3):
+            with pytest.raises(hostlock.FleetUnavailable):
+                hostlock.Lock("a", fleet=dead).acquire(timeout=0)
+        assert len(os.listdir("/proc/self/fd")) == before
