@@ -263,6 +263,7 @@ class Session:
         self._mutex = _thread.allocate_lock()
         self.claims: list = [first]
         first.session, first.name_key = self, None
+        self.orphans: list = []  # compares of keys released but not yet deleted (etcd did not answer)
         self._stopped = False
         self._exited = False
         self._lost = False
@@ -322,6 +323,29 @@ class Session:
         if last and exited:
             self._close_fds()
         return last
+
+    def orphan(self, compare: list) -> None:
+        """A released key that could not be deleted (compare: its key on our lease, of its create revision):
+        the thread deletes it, so the lock is not held by a key nobody holds while other locks keep the lease."""
+        with self._mutex:
+            self.orphans.append(compare)
+        self._poke()
+
+    def _delete_orphans(self, next_ka: float) -> bool:
+        """Delete the orphaned keys that etcd lets us delete now; False while some are left to try again."""
+        with self._mutex:
+            orphans = list(self.orphans)
+        for compare in orphans:
+            key = compare[0]["key"]
+            try:
+                self.client.call("kv/txn", {"compare": compare, "success": [{"request_delete_range": {"key": key}}]},
+                                 monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
+                                 attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
+            except (EtcdError, FleetUnavailable):
+                continue
+            with self._mutex:
+                self.orphans.remove(compare)
+        return not self.orphans
 
     def _poke(self) -> None:
         with self._mutex:  # never after _close_fds: the number could name someone else's file by then
@@ -403,6 +427,8 @@ class Session:
                 for claim in [c for c in watches if c not in claims or c._lost]:
                     watches.pop(claim).close()  # released, or lost by its own key: nothing more to watch
                 wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
+                if self.orphans and not self._delete_orphans(next_ka):
+                    wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
                 for claim in claims:
                     if claim.key is not None and not claim._lost and claim not in watches:
                         if claim.watch_at > now:
@@ -625,7 +651,9 @@ class EtcdLocker:
             self.client.call("kv/txn", {"compare": compare,
                                         "success": [{"request_delete_range": {"key": b64(key)}}]}, monotonic())
         except (EtcdError, FleetUnavailable):
-            pass  # unreachable: the key goes with the lease (its TTL, or the process's last release)
+            # Not deleted now, and the lease lives on for the process's other locks: the keep-alive thread
+            # deletes it, trying again until it is gone (or the lease ends: the last release, or its loss).
+            session.orphan(compare)
 
     def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
                session: Claim) -> EtcdHeld | None:

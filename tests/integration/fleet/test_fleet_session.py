@@ -235,3 +235,42 @@ def test_an_attempt_that_fails_before_it_has_a_lease_leaves_no_descriptor(etcd):
             with pytest.raises(hostlock.FleetUnavailable):
                 hostlock.Lock("a", fleet=dead).acquire(timeout=0)
         assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_released_key_etcd_did_not_delete_is_deleted_by_the_keep_alive_thread(etcd, monkeypatch):
+    """a's delete at its release gets no answer (FleetUnavailable) while b keeps the lease alive: the key must
+    not hold lock a for as long as b is held; the keep-alive thread deletes it."""
+    from hostlock import _etcd_lock
+
+    main = threading.get_ident()
+    real_call = _etcd_lock.Client.call
+    failed = []
+
+    def call(self, path, body, deadline, *a, **kw):
+        if path == "kv/txn" and "request_delete_range" in str(body) and threading.get_ident() == main:
+            failed.append(path)
+            raise hostlock.FleetUnavailable("no answer (test)")
+        return real_call(self, path, body, deadline, *a, **kw)
+
+    a = hostlock.Lock("a", fleet=etcd.url)
+    b = hostlock.Lock("b", fleet=etcd.url)
+    a.acquire(timeout=GUARD)
+    b.acquire(timeout=GUARD)
+    try:
+        monkeypatch.setattr(_etcd_lock.Client, "call", call)
+        a.release()
+        assert failed
+        import time
+
+        deadline = time.monotonic() + GUARD
+        while keys(etcd, "hostlock/a/"):
+            assert time.monotonic() < deadline, "a's key still there: lock a held by nobody"
+            time.sleep(0.05)
+        assert b.locked and not b.lost
+        other = hostlock.Lock("a", fleet=etcd.url)
+        other.acquire(timeout=0)  # free for the next one
+        other.release()
+    finally:
+        monkeypatch.undo()
+        b.release()
+    assert leases(etcd) == []
