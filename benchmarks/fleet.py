@@ -512,8 +512,10 @@ def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, s
 NOTES = [
     "What the time goes to. An uncontended hostlock cycle is, on the calling thread, a lease grant, one "
     "transaction (create our key if absent + read the queue) and a lease revoke: the three round trips of the"
-    " lease lock floor, plus starting the keep-alive thread (which opens a watch on our own key) and telling "
-    "it to stop. A handoff is the holder's release (the revoke) and etcd's watch event to the waiter, which "
+    " lease lock floor, plus starting the keep-alive thread (which opens a watch on our own key 0.1 s after "
+    "the key was made, so a shorter cycle opens none) and telling it to stop. The locks one process holds share "
+    "one lease (one grant for the first, one revoke at the last release). A handoff is the holder's release "
+    "(the revoke) and etcd's watch event to the waiter, which "
     "tracks the keys ahead of it from the events and holds without reading again. In contention every waiter "
     "also opens a watch stream (a new HTTP connection) on the lock's name, and the processes, their "
     "keep-alive threads and etcd share the machine's cores: that, not the handoff, bounds contended "
@@ -522,11 +524,13 @@ NOTES = [
     "inflates every row; compare ratios.",
     "",
     "`hostlock run --fleet URL NAME true` is a whole process, started as the cli role starts it (a `#!PYTHON "
-    "-IS` launcher): the interpreter's own start (`python3 -I -S -c pass`, ~6 ms here), the imports (~7 ms: "
-    "the hostlock package ~3.5 ms, `threading` ~2.5 ms for the keep-alive thread; no `http.client`, `email`, "
-    "`json`, `re`, `base64`, `socket`, `enum` or `ssl` for etcd://: `python -X importtime` shows them), four "
-    "round trips (lease grant, the queue transaction, the job's pid into the owner record, the revoke) and "
-    "forking the watcher and the job. The Go client starts in about the time CPython does nothing.",
+    "-IS` launcher): the interpreter's own start (`python3 -I -S -c pass`, ~7 ms here), the imports (~5.5 ms, "
+    "of which the hostlock package's host-lock modules ~1.5 ms, which issue 25's split would spare; no "
+    "`threading` (the keep-alive thread is started with `_thread`), `http.client`, `email`, `json`, `re`, "
+    "`base64`, `socket`, `enum` or `ssl` for etcd://: `python -X importtime` shows them), four round trips "
+    "(lease grant, the queue transaction, the job's pid into the owner record while the job runs, the revoke; "
+    "the record is no longer read back first) and forking the watcher and the job. The Go client starts in "
+    "about the time CPython does nothing.",
 ]
 
 

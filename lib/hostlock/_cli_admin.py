@@ -237,10 +237,14 @@ def lock_json(st: LockStatus) -> dict[str, Any]:
     return st.to_json()
 
 
-def _print_json(obj: object) -> None:
+def _json_text(obj: object) -> str:
     import json
 
-    c.write_out(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"
+
+
+def _print_json(obj: object) -> None:
+    c.write_out(_json_text(obj))
 
 
 def _lease_text(expires: float | None, now: float) -> str:
@@ -453,15 +457,59 @@ def cmd_hold(ns: argparse.Namespace) -> int:
     With a fleet the lease is one etcd lease with TTL = --lease: no holder process is left behind.
     """
     where = _where(ns)
-    extra = {} if ns.fleet_url else {"mechanism": ns.mechanism}
+    if ns.fleet_url:
+        return _hold_fleet(ns, where)
     token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, timeout=ns.wait, label=ns.label,
-                 **where, **extra)
-    if ns.json:
-        _print_json({"schema": LEASE_SCHEMA, "name": ns.name, **_where_json(ns), "token": token,
-                     "lease": ns.lease, "lease_expires": _lease_of(ns.name, where, token)})
-    else:
-        c.write_out(token + "\n")
+                 mechanism=ns.mechanism, **where)
+    c.write_out(_hold_output(ns, where, token))
     return 0
+
+
+def _hold_output(ns: argparse.Namespace, where: dict[str, Any], token: str) -> str:
+    if ns.json:
+        return _json_text({"schema": LEASE_SCHEMA, "name": ns.name, **_where_json(ns), "token": token,
+                           "lease": ns.lease, "lease_expires": _lease_of(ns.name, where, token)})
+    return token + "\n"
+
+
+def _hold_fleet(ns: argparse.Namespace, where: dict[str, Any]) -> int:
+    """hold --fleet: a waiter's key sits in etcd's queue, so every way this command ends before its token is
+    out (SIGINT, SIGTERM, SIGHUP, SIGQUIT, timeout(1), -w running out) takes that key, or the lease it got,
+    with it: exit 128+N, nothing held, and the next waiter is served at the next handoff, not a TTL later.
+    Once the token is written the hold is done: a signal after that no longer undoes it (it is blocked)."""
+    import _signal
+
+    from ._supervise import Signalled, trap_wait_signals, untrap
+
+    stops = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
+    trapped = trap_wait_signals()  # TERM, HUP, QUIT raise Signalled (SIGINT: KeyboardInterrupt) and unwind
+    token = None
+    try:
+        try:
+            token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, timeout=ns.wait, label=ns.label,
+                         **where)
+            out = _hold_output(ns, where, token)
+            # Commit point: from here a signal stays pending until exit (never a token printed for a lease
+            # that is then released); one that came before is taken here and undoes the hold.
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, stops)
+            pending = _signal.sigpending() & stops
+            if not pending:
+                c.write_out(out)
+                return 0
+            signum = min(pending)
+        except Signalled as sig:
+            signum = sig.signum
+        except KeyboardInterrupt:
+            signum = _signal.SIGINT
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, stops)  # the release below is not interrupted in turn
+        if token is not None:
+            try:
+                release(ns.name, token, **where)
+            except Exception:  # noqa: BLE001 - leaving anyway: the lease ends by itself (--lease)
+                pass
+        return 128 + signum
+    finally:
+        untrap(trapped)  # only handlers: the signals stay blocked until exit, so none lands in between
 
 
 def cmd_renew(ns: argparse.Namespace) -> int:

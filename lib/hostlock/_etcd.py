@@ -418,15 +418,16 @@ class Client:
 
     # -- watches ------------------------------------------------------------------------------------------
     def watch(self, key: bytes, range_end: bytes | None, start_revision: int, deadline: float,
-              filters: tuple = ("NOPUT",), wake: tuple = ()) -> Watch:
-        """A watch stream on key (or [key, range_end)) from start_revision, created by the deadline."""
+              filters: tuple = ("NOPUT",), wake: tuple = (), min_try: float = MIN_TRY) -> Watch:
+        """A watch stream on key (or [key, range_end)) from start_revision, created by the deadline (at least
+        `min_try` from now: the keep-alive thread gives 0, its next keep-alive must not wait for a watch)."""
         req: dict = {"key": b64(key), "start_revision": str(start_revision)}
         if range_end is not None:
             req["range_end"] = b64(range_end)
         if filters:
             req["filters"] = list(filters)
         payload = dumps({"create_request": req}).encode("utf-8")
-        deadline = max(deadline, monotonic() + MIN_TRY)
+        deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
         delay = 0.02
         while True:

@@ -19,10 +19,10 @@ counts the time it did not run; a keep-alive answer with TTL 0, or our key delet
 from __future__ import annotations
 
 import _signal
+import _thread
 import math
 import os
 import select
-import threading
 import time
 
 from ._error import FleetUnavailable, HostlockError, LockLost, TokenError
@@ -44,6 +44,10 @@ DEFAULT_TTL = 10.0
 CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
 CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
 TOKEN_PREFIX = "hostlock-etcd."
+# A holder's watch on its own key opens this long after the key was made, from the revision after its
+# creation, so a deletion in between still arrives: a short job (`hostlock run NAME true`) ends before the
+# thread does any work that competes with its start, and a deleted key is known at most this much later.
+KEY_WATCH_DELAY = 0.1
 
 
 def _margin(ttl: float) -> float:
@@ -100,6 +104,30 @@ def waits_on(entries: list, i: int) -> Entry | None:
     return blocking[-1]
 
 
+LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
+
+
+def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None) -> dict:
+    """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
+    interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
+    revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL."""
+    while True:
+        lid = (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
+        ids.append(lid)
+        try:
+            return client.call("lease/grant", {"TTL": max(1, int(math.ceil(ttl))), "ID": str(lid)}, deadline,
+                               sent=sent)
+        except EtcdError as e:
+            if e.code != LEASE_EXISTS:
+                raise
+            # Our own grant, retried after its answer was lost: its TTL runs from a send earlier than `sent`
+            # says. Give it up and take another id, rather than trust a clock started too late.
+            try:
+                client.call("lease/revoke", {"ID": str(lid)}, deadline)
+            except (EtcdError, FleetUnavailable):
+                pass
+
+
 def _entries(kvs: list | None) -> list:
     out = [Entry(kv) for kv in kvs or []]
     out.sort(key=lambda e: e.rev)
@@ -116,45 +144,142 @@ class _LostPlace(Exception):
 
 
 class EtcdHeld:
-    """One acquisition: our key, our lease, our fence, and the thread keeping the lease alive."""
+    """One acquisition: our key, our (shared) lease, our fence, and our claim on the lease's Session."""
 
-    __slots__ = ("key", "lease", "fence", "session", "slot", "ticket")
+    __slots__ = ("key", "lease", "fence", "session", "slot", "ticket", "value")
 
-    def __init__(self, key: bytes, lease: int, fence: int, session: Session) -> None:
+    def __init__(self, key: bytes, lease: int, fence: int, session: Claim, value: bytes = b"") -> None:
         self.key, self.lease, self.fence, self.session = key, lease, fence, session
         self.slot: int | None = None
         self.ticket: int | None = None
+        self.value = value  # our record as we last wrote it: read back without a round trip
+
+
+class Claim:
+    """One key of this process on a Session's lease: what a waiter or holder sees of it. Lost when the lease is
+    lost (every claim on it then), or when its own key is deleted or moved to another lease (this one alone)."""
+
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self.on_lost: Callable[[], object] | None = None
+        self.key: bytes | None = None  # our key once it is in etcd (watch_key)
+        self.name_key: bytes | None = None  # the key we would have on the session's lease: one claim per key
+        self.why: str | None = None
+        self.unavailable = False
+        self._from = 0  # the first watch of our key starts right after its creation: every change arrives
+        self.watch_at = 0.0  # boottime from which the thread opens that watch
+        self._lost = False
+        self._ended = False
+        self._mutex = _thread.allocate_lock()
+        self.lost_r, self._lost_w = os.pipe()  # readable once lost: wakes a waiter's watch
+        os.set_blocking(self._lost_w, False)
+
+    @property
+    def lease(self) -> int:
+        return self.session.lease if self.session is not None else 0
+
+    @property
+    def expires(self) -> float:
+        """boottime at which we must consider the lease gone (etcd's own expiry is later than this)."""
+        return self.session.expires if self.session is not None else 0.0
+
+    @property
+    def lost(self) -> bool:
+        """Lost as the keep-alive thread knows it, or by the lease's clock alone: after a pause (SIGSTOP,
+        suspend) the holder must know before the thread has run again. No side effect but the reason."""
+        if self._lost:
+            return True
+        s = self.session
+        if s is not None and not self._ended and s.lost:
+            if self.why is None:
+                self.why, self.unavailable = s.why, s.unavailable
+            return True
+        return False
+
+    def watch_key(self, key: bytes, created: int) -> None:
+        """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
+        self._from, self.key = created + 1, key
+        self.watch_at = boottime() + KEY_WATCH_DELAY
+        if self.session is not None:
+            self.session._poke()
+
+    def _lose(self, why: str, unavailable: bool = False) -> None:
+        with self._mutex:
+            if self._lost or self._ended:
+                return
+            self._lost = True
+            if self.why is None:
+                self.why, self.unavailable = why, unavailable
+            try:
+                os.write(self._lost_w, b"x")
+            except OSError:  # EAGAIN: already readable
+                pass
+        if self.on_lost is not None:
+            try:
+                self.on_lost()
+            except Exception:  # noqa: BLE001 - a callback's bug must not kill the keep-alive thread silently
+                import traceback
+
+                traceback.print_exc()
+
+    def stop(self) -> bool:
+        """Leave the lease: no on_lost after this. True when this was the last claim on it (the lease is no
+        longer kept alive: the caller revokes it); False when others remain (the caller deletes its own key)
+        or when it was left already. Not joined: release() never waits for the thread."""
+        with self._mutex:
+            if self._ended:
+                return False
+            self._ended = True
+            fds, self._lost_w = (self.lost_r, self._lost_w), -1
+            self.lost_r = -1
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return self.session.detach(self) if self.session is not None else False
+
+    def forget(self) -> None:
+        """In a forked child: the thread is not there; never renew or revoke the parent's lease."""
+        self._mutex = _thread.allocate_lock()
+        if self.session is not None:
+            self.session.forget()
+        self.stop()
 
 
 class Session:
-    """The keep-alive thread of one lease; loss is known by the clock even before the thread runs."""
+    """One etcd lease of this process and the thread keeping it alive, shared by every fleet lock the process
+    takes on one cluster with one TTL (etcd's concurrency.Session): one grant, one keep-alive for all of them.
+    The thread also watches each claim's key. The lease's loss (etcd says it is gone, or no keep-alive answered
+    within the TTL, known by the clock even before the thread runs) is every claim's loss."""
 
-    def __init__(self, client: Client, lease: int, ttl: float, sent: float,
-                 on_lost: Callable[[], object] | None) -> None:
+    def __init__(self, client: Client, lease: int, ttl: float, sent: float, first: Claim,
+                 shared: tuple | None) -> None:
         self.client, self.lease, self.ttl = client, lease, ttl
         self.ok_at = sent  # boottime when the last successful grant/keep-alive was SENT
-        self.on_lost = on_lost
+        self.shared = shared  # its key in _SESSIONS (None: a private lease)
         self.why: str | None = None
         self.unavailable = False
-        self.key: bytes | None = None
-        self._from = 0  # the first watch of our key starts right after its creation: every change arrives
-        self._mutex = threading.Lock()
+        self._mutex = _thread.allocate_lock()
+        self.claims: list = [first]
+        first.session, first.name_key = self, None
+        self.orphans: list = []  # compares of keys released but not yet deleted (etcd did not answer)
         self._stopped = False
         self._exited = False
         self._lost = False
         self._stop_r, self._stop_w = os.pipe()
-        self.lost_r, self._lost_w = os.pipe()  # readable once lost: wakes a waiter's watch
-        for fd in (self._stop_r, self._stop_w, self._lost_w):
+        for fd in (self._stop_r, self._stop_w):
             os.set_blocking(fd, False)  # draining must never block; a full pipe is already "poked"
-        self._fds: tuple = (self._stop_r, self._stop_w, self.lost_r, self._lost_w)
-        self.thread = threading.Thread(target=self._run, name="hostlock-etcd-keepalive %x" % lease, daemon=True)
+        self._fds: tuple = (self._stop_r, self._stop_w)
         # Started with every signal blocked (a thread inherits its creator's mask): the kernel gives a
         # process-directed signal to any thread that does not block it, and this one must never take it.
         # `hostlock run` blocks what it forwards to its job in its main thread and collects it with
         # sigtimedwait(); landing here, a SIGTERM would run its default action and kill hostlock instead.
         old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
         try:
-            self.thread.start()
+            # _thread, not threading: `import threading` is ~2.5 ms of a ~20 ms `hostlock run --fleet`. Like a
+            # daemon thread, it ends with the interpreter; the CLI exits with os._exit once released anyway.
+            _thread.start_new_thread(self._run, ())
         finally:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
 
@@ -165,8 +290,6 @@ class Session:
 
     @property
     def lost(self) -> bool:
-        """Lost as the keep-alive thread knows it, or by the clock alone: after a pause (SIGSTOP, suspend)
-        the holder must know before its thread has run again. No side effect: on_lost comes from the thread."""
         if self._lost:
             return True
         if not self._stopped and boottime() >= self.expires:
@@ -176,10 +299,53 @@ class Session:
             return True
         return False
 
-    def watch_key(self, key: bytes, created: int) -> None:
-        """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
-        self.key, self._from = key, created + 1
+    def attach(self, claim: Claim, key: bytes) -> bool:
+        """Add `claim`, whose key on this lease would be `key`; False when the lease is ending or another
+        claim of this process has that key already (the same name twice: that one takes a lease of its own)."""
+        with self._mutex:
+            if self._stopped or self._lost or self.lost or any(c.name_key == key for c in self.claims):
+                return False
+            claim.session, claim.name_key = self, key
+            self.claims.append(claim)
+            return True
+
+    def detach(self, claim: Claim) -> bool:
+        """Remove `claim`; True when it was the last: the lease is kept alive no more (the caller revokes it)."""
+        with self._mutex:
+            if claim in self.claims:
+                self.claims.remove(claim)
+            last = not self.claims and not self._stopped
+            if last:
+                self._stopped = True
+                _unregister(self)
+            exited = self._exited
+        self._poke()  # the thread closes that claim's watch, or ends
+        if last and exited:
+            self._close_fds()
+        return last
+
+    def orphan(self, compare: list) -> None:
+        """A released key that could not be deleted (compare: its key on our lease, of its create revision):
+        the thread deletes it, so the lock is not held by a key nobody holds while other locks keep the lease."""
+        with self._mutex:
+            self.orphans.append(compare)
         self._poke()
+
+    def _delete_orphans(self, next_ka: float) -> bool:
+        """Delete the orphaned keys that etcd lets us delete now; False while some are left to try again."""
+        with self._mutex:
+            orphans = list(self.orphans)
+        for compare in orphans:
+            key = compare[0]["key"]
+            try:
+                self.client.call("kv/txn", {"compare": compare, "success": [{"request_delete_range": {"key": key}}]},
+                                 monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
+                                 attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
+            except (EtcdError, FleetUnavailable):
+                continue
+            with self._mutex:
+                self.orphans.remove(compare)
+        return not self.orphans
 
     def _poke(self) -> None:
         with self._mutex:  # never after _close_fds: the number could name someone else's file by then
@@ -189,35 +355,17 @@ class Session:
                 except OSError:  # EAGAIN: already poked
                     pass
 
-    def _lose(self, why: str, unavailable: bool = False) -> None:
+    def _lose_all(self, why: str, unavailable: bool = False) -> None:
         with self._mutex:
             if self._lost or self._stopped:
                 return
             self._lost = True
             if self.why is None:
                 self.why, self.unavailable = why, unavailable
-            try:
-                os.write(self._lost_w, b"x")
-            except OSError:
-                pass
-        if self.on_lost is not None:
-            try:
-                self.on_lost()
-            except Exception:  # noqa: BLE001 - a callback's bug must not kill the keep-alive thread silently
-                import traceback
-
-                traceback.print_exc()
-
-    def stop(self) -> None:
-        """No keep-alive after this and no on_lost call; the caller revokes (or moves) the lease."""
-        with self._mutex:
-            self._stopped = True
-            exited = self._exited
-        self._poke()  # safe if the thread closed the descriptors meanwhile: _poke checks under the mutex
-        # Not joined: release() must not wait for the thread to notice (it may be opening a watch, or in a
-        # keep-alive to a member that does not answer). Whichever of us comes second closes the descriptors.
-        if exited:
-            self._close_fds()
+            claims = list(self.claims)
+            _unregister(self)
+        for claim in claims:
+            claim._lose(why, unavailable)
 
     def _close_fds(self) -> None:
         with self._mutex:  # once: a descriptor number closed twice could be someone else's by then
@@ -231,7 +379,8 @@ class Session:
     def forget(self) -> None:
         """In a forked child: the thread is not there; never renew or revoke the parent's lease."""
         self._stopped = True
-        self._mutex = threading.Lock()
+        self._mutex = _thread.allocate_lock()
+        self.claims = []
         self._close_fds()
 
     def _drain(self) -> None:
@@ -244,69 +393,88 @@ class Session:
         try:
             self._loop()
         except BaseException as e:  # noqa: BLE001 - a bug here must not leave a holder believing it holds
-            self._lose("the keep-alive thread failed: %r" % (e,))
+            self._lose_all("the keep-alive thread failed: %r" % (e,))
             raise
 
     def _loop(self) -> None:
         interval = max(0.1, self.ttl / 3.0)
         next_ka = self.ok_at + interval
-        watch = None
-        watching: bytes | None = None
+        watches: dict = {}  # claim -> the Watch on its key
         try:
-            while not self._stopped and not self._lost:
+            while True:
+                with self._mutex:
+                    if self._stopped or self._lost:
+                        return
+                    claims = list(self.claims)
                 self._drain()
                 now = boottime()
                 if now >= self.expires:
-                    self._lose("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl,
-                               unavailable=True)
+                    self._lose_all("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl,
+                                   unavailable=True)
                     return
                 if now >= next_ka:
                     next_ka = self._keepalive(interval)
                     if self._lost:
                         return
-                    if watch is not None and watch.i != self.client.answering:
-                        # The keep-alive was answered by another member: the one our watch is on may hang
-                        # (SIGSTOP, a black hole) and would never report our key's deletion. Watch where
-                        # the keep-alive got through (the reopen reads the key first: nothing is missed).
-                        watch.close()
-                        watch, watching = None, None
+                    if any(w.i != self.client.answering for w in watches.values()):
+                        # The keep-alive was answered by another member: the one our watches are on may hang
+                        # (SIGSTOP, a black hole) and would never report a key's deletion. Watch where the
+                        # keep-alive got through (each reopen reads the key first: nothing is missed).
+                        for w in watches.values():
+                            w.close()
+                        watches = {}
                     continue
-                if self.key is not None and watching != self.key:
-                    if watch is not None:
-                        watch.close()
-                    watch, watching = self._open_watch(next_ka)
-                    if watch is None and not self._lost:
-                        # Could not watch now: try again after a pause (never a hot loop against etcd);
-                        # keep-alives go on meanwhile.
-                        select.select([self._stop_r], [], [], max(0.0, min(0.5, next_ka - boottime())))
-                    continue
-                if watch is None:
-                    select.select([self._stop_r], [], [], max(0.0, next_ka - boottime()))
-                    continue
-                try:
-                    evs = watch.events(monotonic() + max(0.0, next_ka - boottime()))
-                except (WatchClosed, OSError):
-                    watch.close()  # reopened after reading the key again: nothing in between is missed
-                    watch, watching = None, None
-                    continue
-                for kind, key, kv in evs or ():
-                    if key != self.key:
+                for claim in [c for c in watches if c not in claims or c._lost]:
+                    watches.pop(claim).close()  # released, or lost by its own key: nothing more to watch
+                wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
+                if self.orphans and not self._delete_orphans(next_ka):
+                    wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
+                for claim in claims:
+                    if claim.key is not None and not claim._lost and claim not in watches:
+                        if claim.watch_at > now:
+                            wake_at = min(wake_at, claim.watch_at)
+                            continue
+                        w = self._open_watch(claim, next_ka)
+                        if w is not None:
+                            watches[claim] = w
+                        elif not claim._lost:
+                            # Could not watch now: try again after a pause (never a hot loop against etcd);
+                            # keep-alives go on meanwhile, and so do the watches that are open.
+                            wake_at = min(wake_at, boottime() + 0.5)
+                pause = wake_at - boottime()
+                socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
+                # TLS may hold a whole record already read from the socket: select() would not see it.
+                ready = [claim for claim, w in watches.items() if getattr(w.sock, "pending", None) and w.sock.pending()]
+                if not ready:
+                    got = select.select([self._stop_r, *socks], [], [], max(0.0, pause))[0]
+                    ready = [socks[s] for s in got if s in socks]
+                for claim in ready:
+                    w = watches[claim]
+                    try:
+                        evs = w.events(monotonic() + 0.05)
+                    except (WatchClosed, OSError):
+                        watches.pop(claim).close()  # reopened after reading the key again: nothing is missed
                         continue
-                    if kind == "DELETE":
-                        self._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode(
-                            "utf-8", "replace"))
-                        return
-                    if int(kv.get("lease") or 0) != self.lease:
-                        self._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
-                        return
+                    self._check(claim, evs)
         finally:
-            if watch is not None:
-                watch.close()
+            for w in watches.values():
+                w.close()
             with self._mutex:
                 self._exited = True
                 stopped = self._stopped
             if stopped:
                 self._close_fds()
+
+    def _check(self, claim: Claim, evs: list | None) -> None:
+        for kind, key, kv in evs or ():
+            if key != claim.key:
+                continue
+            if kind == "DELETE":
+                claim._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                return
+            if int(kv.get("lease") or 0) != self.lease:
+                claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
+                return
 
     def _keepalive(self, interval: float) -> float:
         """One keep-alive; returns when the next one is due."""
@@ -326,25 +494,26 @@ class Session:
             ttl = 0
         sent = box[0]
         if ttl <= 0:
-            self._lose("etcd says our lease %x is gone (expired or revoked)" % self.lease)
+            self._lose_all("etcd says our lease %x is gone (expired or revoked)" % self.lease)
             return sent
         with self._mutex:
             self.ok_at = max(self.ok_at, sent)
         return sent + interval
 
-    def _open_watch(self, next_ka: float) -> tuple:
-        key = self.key
+    def _open_watch(self, claim: Claim, next_ka: float) -> Watch | None:
+        key = claim.key
         if key is None:  # not yet created: nothing to watch
-            return None, None
+            return None
         deadline = monotonic() + max(0.05, next_ka - boottime())
-        if self._from:
+        if claim._from:
             # First watch: from the revision after our key's creation, every change of it arrives (a
             # compacted start cancels the watch; the reopen below then reads the key first).
-            start, self._from = self._from, 0
+            start, claim._from = claim._from, 0
             try:
-                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,)), key
+                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,),
+                                         min_try=0.0)
             except (FleetUnavailable, EtcdError, OSError):
-                return None, None
+                return None
         try:
             # Read the key first, then watch from the revision read: whatever happened before (while the
             # stream was down, or compacted away) is in the read, whatever happens after is in the stream.
@@ -352,16 +521,61 @@ class Session:
                                      attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
             kvs = reply.get("kvs") or []
             if not kvs:
-                self._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
-                return None, None
+                claim._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                return None
             if int(kvs[0].get("lease") or 0) != self.lease:
-                self._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
-                return None, None
+                claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
+                return None
             rev = int((reply.get("header") or {}).get("revision") or 0)
-            w = self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,))
+            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,), min_try=0.0)
         except (FleetUnavailable, EtcdError, OSError):
-            return None, None
-        return w, key
+            return None
+
+
+# This process's shared leases: (cluster, credentials, TTL) -> Session. A forked child starts with none.
+_SESSIONS: dict = {}
+_SESSIONS_MUTEX = _thread.allocate_lock()
+
+
+def _unregister(session: Session) -> None:
+    """Called with session._mutex held: the next acquisition grants a new lease (this one ends or is lost)."""
+    if session.shared is not None and _SESSIONS.get(session.shared) is session:
+        del _SESSIONS[session.shared]
+
+
+def _forget_sessions() -> None:
+    global _SESSIONS_MUTEX
+    _SESSIONS_MUTEX = _thread.allocate_lock()
+    for session in list(_SESSIONS.values()):
+        session.forget()
+    _SESSIONS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_sessions)
+
+
+def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list) -> Session:
+    """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
+    (or when this process already has a key of that lock name on it: then a lease of its own). Sets
+    claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for."""
+    url = backend.url
+    shared = (url.scheme, tuple(url.endpoints), url.user, url.password, url.cacert, url.cert, url.key, ttl)
+    with _SESSIONS_MUTEX:
+        session = _SESSIONS.get(shared)
+        if session is not None and session.attach(claim, prefix + b"%x" % session.lease):
+            return session
+        private = session is not None and not session.lost and not session._stopped
+        sent: list = []
+        # Granted with the registry locked: two threads starting at once share one lease, not two.
+        reply = grant(backend.client, ttl, deadline, ids, sent)
+        lease = int(reply["ID"])
+        made = Session(backend.client, lease, float(reply.get("TTL") or ttl), sent[0], claim,
+                       None if private else shared)
+        claim.name_key = prefix + b"%x" % lease
+        if not private:
+            _SESSIONS[shared] = made
+        return made
 
 
 class EtcdLocker:
@@ -397,19 +611,13 @@ class EtcdLocker:
                     raise e.error from None
 
     def _attempt(self, mode: str, deadline: float | None, record: Builder) -> EtcdHeld | None:
-        c = self.client
-        lease = 0
-        session: Session | None = None
+        ids: list = []
+        # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, in _queue).
+        claim = Claim()
         ok = False
-        try:  # from before the grant: whatever ends this (a signal's exception too) revokes what was granted
-            sent: list = []
-            grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(self.ttl)))}, self._net_deadline(deadline),
-                           sent=sent)
-            lease = int(grant["ID"])
-            # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, below).
-            session = Session(c, lease, float(grant.get("TTL") or self.ttl), sent[0], None)
-            key = self.prefix + b"%x" % lease
-            held = self._queue(mode, deadline, record, key, lease, session)
+        try:  # from before the grant: whatever ends this (a signal's exception too) takes our key with it
+            session = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids)
+            held = self._queue(mode, deadline, record, self.prefix + b"%x" % session.lease, session.lease, claim)
             ok = held is not None
             return held
         except EtcdError as e:
@@ -417,22 +625,48 @@ class EtcdLocker:
             raise FleetUnavailable("%s: %s" % (self.path, e), endpoints=self.backend.url.members) from None
         finally:
             if not ok:
-                if session is not None:
-                    session.stop()
-                if lease:
-                    self._revoke(lease)
+                granted = claim.session is None
+                self._leave(claim, claim.name_key, 0)
+                if granted:
+                    for lid in ids:  # granted (or being granted) when interrupted, before a Session had it
+                        self._revoke(lid)
+
+    def _leave(self, claim: Claim, key: bytes | None, fence: int) -> None:
+        """Take our key out of etcd: revoke the lease when ours was its last claim, else delete the key alone
+        (only while it is still ours: on our lease, and of create revision `fence` when known). If etcd
+        cannot be reached, the key ends with the lease: within the TTL, or when this process releases."""
+        session = claim.session
+        last = claim.stop()
+        if session is None:
+            return
+        if last:
+            self._revoke(session.lease)
+            return
+        if key is None:
+            return
+        compare = [{"key": b64(key), "target": "LEASE", "lease": str(session.lease)}]
+        if fence:
+            compare.append({"key": b64(key), "target": "CREATE", "create_revision": str(fence)})
+        try:
+            self.client.call("kv/txn", {"compare": compare,
+                                        "success": [{"request_delete_range": {"key": b64(key)}}]}, monotonic())
+        except (EtcdError, FleetUnavailable):
+            # Not deleted now, and the lease lives on for the process's other locks: the keep-alive thread
+            # deletes it, trying again until it is gone (or the lease ends: the last release, or its loss).
+            session.orphan(compare)
 
     def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
-               session: Session) -> EtcdHeld | None:
+               session: Claim) -> EtcdHeld | None:
         c = self.client
         rng = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "sort_target": "CREATE",
                "sort_order": "ASCEND"}
         # One round trip: create our key if it is not there yet and read the queue. Retried after a lost
         # answer, the compare fails (our key exists: the first try created it) and the range still answers.
+        value = record(None, None)
         try:
             reply = c.call("kv/txn", {
                 "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
-                "success": [{"request_put": {"key": b64(key), "value": b64(record(None, None)),
+                "success": [{"request_put": {"key": b64(key), "value": b64(value),
                                              "lease": str(lease)}},
                             {"request_range": rng}],
                 "failure": [{"request_range": rng}]}, self._net_deadline(deadline))
@@ -440,7 +674,10 @@ class EtcdLocker:
             if e.code != NOT_FOUND:
                 raise
             # "requested lease not found": the lease ended between its grant and this put (an outage, a
-            # paused process). Nothing of ours is in the queue: queue again on a new lease.
+            # paused process). Nothing of ours is in the queue: queue again on a new lease (and so does every
+            # other lock of this process that was on it: the lease is lost for all).
+            if session.session is not None:
+                session.session._lose_all("etcd says our lease %x is gone" % lease)
             raise _LostPlace(FleetUnavailable("the lease for %s ended before our key was written (%s)"
                                               % (self.path, e), endpoints=self.backend.url.members)) from None
         while True:
@@ -458,12 +695,12 @@ class EtcdLocker:
                 session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
                 if session.lost:
                     raise self._gone(session, "lost %s while taking it" % self.path)
-                return EtcdHeld(key, lease, me.rev, session)
+                return EtcdHeld(key, lease, me.rev, session, value)
             if deadline is not None and monotonic() >= deadline:
                 return None
             reply = c.call("kv/range", rng, self._net_deadline(deadline))
 
-    def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Session) -> bool:
+    def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Claim) -> bool:
         """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
         when the queue must be read again (a stream ended, a member stopped answering) or the deadline passed.
 
@@ -502,7 +739,7 @@ class EtcdLocker:
         return left is not None and not blockers([*left, me], len(left))
 
     def _watch_until(self, w: Watch, target: Entry | None, ahead: list, me: Entry, deadline: float | None,
-                     session: Session) -> list | None:
+                     session: Claim) -> list | None:
         """The keys still ahead once `target` (or, watching the whole name, enough keys ahead) went; None when
         the queue must be read again. A stream silent for CHECK_EVERY is checked: a range (CHECK_ATTEMPT per
         member) tells whether the member it is on still answers and whether it missed a deletion, so a member
@@ -551,7 +788,7 @@ class EtcdLocker:
         present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
         return all(e.key in present for e in ahead) if target is None else target.key in present
 
-    def _gone(self, session: Session, what: str) -> _LostPlace:
+    def _gone(self, session: Claim, what: str) -> _LostPlace:
         why = session.why or "our key was deleted"
         if session.unavailable:
             return _LostPlace(FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members))
@@ -566,10 +803,9 @@ class EtcdLocker:
             pass  # unreachable: the lease expires by itself within its TTL
 
     def release(self, held: EtcdHeld) -> None:
-        """Our key is deleted (lease revoked) when this returns; if etcd cannot be reached, it expires within
-        the TTL. Never raises for a lock already lost."""
-        held.session.stop()
-        self._revoke(held.lease)
+        """Our key is deleted (the lease revoked, if no other lock of this process is on it) when this returns;
+        if etcd cannot be reached, it expires within the TTL. Never raises for a lock already lost."""
+        self._leave(held.session, held.key, held.fence)
 
     def write_record(self, held: EtcdHeld, data: bytes) -> None:
         """Replace our record, only while the key is still ours (same create_revision)."""
@@ -579,11 +815,11 @@ class EtcdLocker:
             monotonic() + self.ttl)
         if not reply.get("succeeded"):
             raise LockLost("lost %s: our key is gone" % self.path)
+        held.value = data
 
     def read_record(self, held: EtcdHeld) -> bytes:
-        reply = self.client.call("kv/range", {"key": b64(held.key)}, monotonic() + self.ttl)
-        kvs = reply.get("kvs") or []
-        return unb64(kvs[0].get("value")) if kvs else b""
+        """Our record as we wrote it (only we write our key while it is ours: no round trip to read it back)."""
+        return held.value
 
     def descriptors(self, held: EtcdHeld) -> list:
         """None: a fleet lock lives in etcd, not in an open file description."""
@@ -657,7 +893,9 @@ class EtcdBackend:
         return [self._status(n, sorted(names[n], key=lambda e: e.rev)) for n in sorted(names)]
 
     def break_lock(self, name: str, force: bool) -> list:
-        """With force, revoke every holder's lease (its key goes; its process learns it lost the lock).
+        """With force, end every holder of `name`: revoke its lease when this key is all the lease holds (an
+        `etcdctl lock` session learns it so), else delete the key alone, so a process's other locks on its
+        one lease stay held (hostlock watches each key: the holder learns it lost this lock).
         Without force: nothing in etcd is stale (an expired lease is already gone), so nothing to do."""
         validate_name(name)
         if not force:
@@ -667,8 +905,17 @@ class EtcdBackend:
         for i, e in enumerate(entries):
             if blockers(entries, i):
                 continue
+            deadline = monotonic() + DEFAULT_TTL
             try:
-                self.client.call("lease/revoke", {"ID": str(e.lease)}, monotonic() + DEFAULT_TTL)
+                ttl = self.client.call("lease/timetolive", {"ID": str(e.lease), "keys": True}, deadline)
+                if len(ttl.get("keys") or ()) > 1:
+                    reply = self.client.call("kv/txn", {
+                        "compare": [{"key": b64(e.key), "target": "CREATE", "create_revision": str(e.rev)}],
+                        "success": [{"request_delete_range": {"key": b64(e.key)}}]}, deadline)
+                    if not reply.get("succeeded"):
+                        continue  # gone meanwhile
+                else:
+                    self.client.call("lease/revoke", {"ID": str(e.lease)}, deadline)
             except EtcdError as exc:
                 if exc.code != NOT_FOUND:
                     raise
@@ -702,23 +949,31 @@ class EtcdBackend:
         if held is None:
             raise self.status(name).timed_out(timeout)
         hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
+        granted: list = []
         try:
-            self._move(held.key, held.fence, held.lease, lease, pre, hexid)
+            self._move(held.key, held.fence, held.lease, lease, pre, hexid, granted)
+            if held.session.stop():  # the wait's lease has this key no more: revoked if nothing else is on it
+                locker._revoke(held.lease)
         except BaseException:
+            # Failed or interrupted (a signal's exception: `hostlock hold` unwinds on SIGTERM) before the token
+            # is returned: nobody could release the lock, so neither lease may outlive this, the new one
+            # (our key may be on it already) nor the old.
+            for new in granted:
+                locker._revoke(new)
             locker.release(held)
             raise
-        held.session.stop()  # the old lease has no key now; revoked below, not kept alive
-        locker._revoke(held.lease)
         return "%s%s.%d" % (TOKEN_PREFIX, hexid, held.fence)
 
-    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str) -> float:
+    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str,
+              granted: list | None = None) -> float:
         """Put our key on a new lease of `seconds` (keeping its create_revision, hence the fence and its place);
-        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours."""
+        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours. The new
+        lease's id is appended to `granted` as soon as it is known, for a caller that must undo the move."""
         c = self.client
         deadline = monotonic() + DEFAULT_TTL
-        grant = c.call("lease/grant", {"TTL": max(1, int(math.ceil(seconds)))}, deadline)
-        new = int(grant["ID"])
-        expires = time.time() + float(grant.get("TTL") or seconds)
+        reply = grant(c, seconds, deadline, [] if granted is None else granted)
+        new = int(reply["ID"])
+        expires = time.time() + float(reply.get("TTL") or seconds)
         value = self._value_with_lease(key, pre, hexid, expires, deadline)
         reply = c.call("kv/txn", {
             "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)},

@@ -8,6 +8,7 @@ line, hand-parsed too) or
 
 from __future__ import annotations
 
+import _signal
 import os
 import sys
 
@@ -45,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `hostlock` command; returns the exit status (see docs/cli.md)."""
     args = sys.argv[1:] if argv is None else list(argv)
     _reserve_standard_fds()
+    # A command may block signals until it exits (hold --fleet, once its token is out): a library caller
+    # gets its own mask back; the command itself exits with them still blocked (_fast_exit).
+    mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ()) if argv is not None else None
     try:
         code = _dispatch(args)
     except KeyboardInterrupt:
@@ -54,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:  # e.g. our own output to a full disk (`hostlock status > /dev/full`)
         c.say("cannot write output: %s" % c.describe_error(exc))
         code = c.errno_exit_code(exc.errno, c.EX_OSERR)
-    if argv is None:
+    if mask is None:
         _fast_exit(code)
+    else:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
     return code
 
 

@@ -27,6 +27,13 @@ def keys(etcd, name="deploy"):
     return [k for k in r.stdout.split() if k]
 
 
+def leases(etcd):
+    """The ids of etcd's live leases ('found N leases' and then one id a line)."""
+    r = etcd.etcdctl("lease", "list")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split("\n", 1)[1].split()
+
+
 def waiter(cli, etcd, tag, *extra, wrap=()):
     """A waiter whose job appends TAG to the order file."""
     order = cli.tmp / "order"
@@ -125,3 +132,76 @@ def test_a_waiter_waits_its_whole_wait_through_an_outage_longer_than_its_ttl(cli
     assert w.wait(timeout=150) == 0, w.stderr.read()
     assert order.read_text() == "w\n"
     assert status(cli, etcd.url, "deploy")["locks"][0]["holders"] == []
+
+
+# -- hostlock hold: its wait runs on a kept-alive lease of 10 s, its key in the same queue -----------------
+
+
+def hold_waiter(cli, etcd, *extra, wrap=()):
+    """`hostlock hold` waiting for the lock (the token it would print is on its stdout)."""
+    argv = cli.argv("hold", "--fleet", etcd.url, "--lease", "5m", *extra, "deploy")
+    p = subprocess.Popen([*wrap, *argv], text=True, env=controller(cli, "h"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True, preexec_fn=default_signals)
+    cli.procs.append(p)
+    return p
+
+
+def queued_hold(cli, etcd, *extra, wrap=()):
+    """A holder, a waiting `hold`, and a `run` waiter behind it: three keys."""
+    a, go = holder(cli, etcd)
+    h = hold_waiter(cli, etcd, "-w", "5m", *extra, wrap=wrap)
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    w2 = waiter(cli, etcd, "w2", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 2)
+    assert len(keys(etcd)) == 3
+    return a, go, h, w2
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT"])
+def test_a_signalled_hold_waiter_takes_its_key_with_it(cli, etcd, sig):
+    """Without the clean-up its key stayed for the wait lease's 10 s TTL (SIGTERM, SIGHUP, SIGQUIT)."""
+    a, go, h, w2 = queued_hold(cli, etcd)
+    os.kill(h.pid, getattr(signal, "SIG" + sig))
+    assert h.wait(timeout=GUARD) == 128 + getattr(signal, "SIG" + sig), h.stderr.read()
+    assert h.stdout.read() == ""  # no token: nothing is held
+    assert "Traceback" not in h.stderr.read()
+    assert len(keys(etcd)) == 2  # gone already: the holder's key and w2's
+    assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_hold_waiter_under_timeout_1_takes_its_key_with_it(cli, etcd):
+    a, go, h, w2 = queued_hold(cli, etcd, wrap=("timeout", "600"))
+    os.kill(h.pid, signal.SIGTERM)  # timeout(1) passes it on to hold, as it does at expiry
+    assert h.wait(timeout=GUARD) == 128 + signal.SIGTERM
+    assert h.stdout.read() == ""
+    assert len(keys(etcd)) == 2
+    assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_hold_waiter_whose_wait_runs_out_takes_its_key_with_it(cli, etcd):
+    a, go = holder(cli, etcd)
+    w2 = waiter(cli, etcd, "w2", "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    h = hold_waiter(cli, etcd, "-w", "2s")
+    assert h.wait(timeout=GUARD) == 75, h.stderr.read()
+    assert h.stdout.read() == ""
+    assert len(keys(etcd)) == 2
+    assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_hold_that_got_the_lock_keeps_it_on_its_lease_alone(cli, etcd):
+    """The counterpart: a hold served after its wait prints the token, and its key (moved onto the --lease
+    lease) stays after it exited; the wait's own lease is revoked, not left to expire."""
+    a, go = holder(cli, etcd)
+    h = hold_waiter(cli, etcd, "-w", "5m")
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    go.write_text("")
+    assert a.wait(timeout=GUARD) == 0
+    assert h.wait(timeout=GUARD) == 0, h.stderr.read()
+    token = h.stdout.read().strip()
+    assert token.startswith("hostlock-etcd.")
+    assert len(keys(etcd)) == 1
+    assert len(leases(etcd)) == 1  # the --lease one: the wait's lease was revoked, not left to expire
+    r = cli.run("release", "--fleet", etcd.url, "deploy", token, env=controller(cli, "h"))
+    assert r.returncode == 0, r.stderr
+    assert keys(etcd) == []

@@ -54,3 +54,47 @@ class E:
 def test_a_waiter_watches_only_the_key_that_can_admit_it(queue, watched):
     got = _etcd_lock.waits_on(queue, len(queue) - 1)
     assert (got.key if got is not None else None) == watched
+
+
+@pytest.mark.parametrize("after", ["lease/grant", "kv/txn", "lease/revoke"])
+def test_a_hold_interrupted_before_its_token_is_returned_leaves_no_lease(etcd, monkeypatch, after):
+    """hold() interrupted (a signal's exception: `hostlock hold` unwinds on SIGTERM) while it moves its key
+    onto the --lease lease: after the grant of that lease, after the move, or during the old lease's revoke.
+    Nobody has the token, so nothing may stay: neither lease, nor the key (it would hold the lock 5 min)."""
+    calls = []
+    real_call = _etcd_lock.Client.call
+
+    def call(self, path, body, deadline, *a, **kw):
+        reply = real_call(self, path, body, deadline, *a, **kw)
+        calls.append(path)
+        # The wait's own grant, put and read come first; interrupt the move's `after` request, once.
+        if path == after and calls.count("lease/grant") == 2 and "interrupted" not in calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+        return reply
+
+    monkeypatch.setattr(_etcd_lock.Client, "call", call)
+    with pytest.raises(KeyboardInterrupt):
+        hostlock.hold("deploy", lease=300, fleet=etcd.url)
+    assert "interrupted" in calls
+    monkeypatch.undo()
+    assert etcd.etcdctl("get", "--prefix", "hostlock/", "--keys-only").stdout.split() == []
+    assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
+
+
+def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, monkeypatch):
+    """The grant's answer arrives and the signal's exception comes before the caller has read the lease's id:
+    the id was chosen before the request (_etcd_lock.grant), so the unwinding wait still revokes it."""
+    real_call = _etcd_lock.Client.call
+
+    def call(self, path, body, deadline, *a, **kw):
+        reply = real_call(self, path, body, deadline, *a, **kw)
+        if path == "lease/grant":
+            raise KeyboardInterrupt
+        return reply
+
+    monkeypatch.setattr(_etcd_lock.Client, "call", call)
+    with pytest.raises(KeyboardInterrupt):
+        hostlock.Lock("deploy", fleet=etcd.url).acquire(timeout=30)
+    monkeypatch.undo()
+    assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
