@@ -589,8 +589,13 @@ def loadavg() -> str:
         return "?"
 
 
+# In the section, what follows this line is written by hand (measurements of other scripts, analyses): kept.
+NOTES_MARK = "<!-- hand-written notes below: benchmarks/fleet.py --docs keeps them -->"
+
+
 def write_docs(path: Path, text: str, heading: str = "## Fleet") -> None:
-    """Replace the heading's section of path (or append it), leaving the other sections alone."""
+    """Replace the heading's section of path (or append it), leaving the other sections alone, and the
+    section's hand-written notes below NOTES_MARK too."""
     doc = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
     lines = doc.splitlines(keepends=True)
     start = next((i for i, ln in enumerate(lines) if ln.strip() == heading), None)
@@ -598,7 +603,9 @@ def write_docs(path: Path, text: str, heading: str = "## Fleet") -> None:
         doc = doc.rstrip("\n") + "\n\n" + text
     else:
         end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        doc = "".join(lines[:start]) + text + ("\n" if end < len(lines) else "") + "".join(lines[end:])
+        mark = next((i for i in range(start + 1, end) if lines[i].strip() == NOTES_MARK), None)
+        notes = "" if mark is None else "\n" + "".join(lines[mark:end]).rstrip("\n") + "\n"
+        doc = "".join(lines[:start]) + text + notes + ("\n" if end < len(lines) else "") + "".join(lines[end:])
     path.write_text(doc)
 
 
