@@ -36,7 +36,9 @@ def worker(directory: str, name: str, who: str, mode: str, slots: int, hold: flo
 
 def show(directory: str, name: str) -> None:
     st = hostlock.status(name, directory)
-    holders = ", ".join("%s pid %d" % (h.label or "?", h.pid) for h in st.holders) or "nobody"
+    # A holder caught between taking the lock and writing its record has no pid yet: shown as "?".
+    holders = ", ".join("%s pid %s" % (h.label or "?", "?" if h.pid is None else h.pid) for h in st.holders)
+    holders = holders or "nobody"
     say("  status %-6s holders: %s; waiting: %d" % (name, holders, st.waiters))
 
 
