@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness import hostlock_cli
 from harness import wait_for as _wait_for
 
 
@@ -129,6 +130,25 @@ def test_a_failing_task_releases_the_lock_and_fails_the_run(ansible, engine, tmp
     assert "the work failed halfway" in run.out
     assert [w for w, _n, _t in _lines(events)] == ["first"]
     assert not _live(engine, ansible, lock), "the failure left the lock held"
+
+
+@pytest.mark.parametrize("timeout", [0, "0.5s"], ids=["zero", "half-a-second"])
+def test_a_timeout_ends_the_wait_and_nothing_runs(ansible, engine, tmp_path, timeout):
+    """with_lock_timeout bounds the wait, 0 included (fail at once, not wait forever): while a host job holds
+    the lock the task fails naming it, and none of the tasks under the lock run."""
+    lock, events, gate, held = "busy", tmp_path / "events", tmp_path / "gate", tmp_path / "held"
+    holder = subprocess.Popen([*hostlock_cli(), "run", "-d", str(ansible.lockdir), lock, "sh", "-c",
+                               f"touch {held}; while [ ! -e {gate} ]; do sleep 0.02; done"])
+    try:
+        _wait_for(held.exists, "the host job to hold the lock")
+        run = ansible.play("with_lock.yml", timeout=120, extra_vars=dict(target="loc", lock=lock, events=str(events),
+                                                                         gate=str(gate), timeout=timeout))
+    finally:
+        gate.touch()
+        holder.wait(timeout=60)
+    assert run.rc == 2, run.out
+    assert "still held" in run.out, run.out
+    assert not events.exists(), "a task under the lock ran without it"
 
 
 def test_check_mode_takes_no_lock_and_runs_the_tasks_in_check_mode(ansible, engine, tmp_path):
