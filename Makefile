@@ -22,8 +22,8 @@ RUFF     := $(VENV_BIN)/ruff
 export PATH := $(abspath $(VENV_BIN)):$(PATH)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-# The stamp is keyed on what the venv is built from: editing a pin or lib/pyproject.toml reinstalls.
-VENV_HASH  := $(shell cat requirements/dev.txt lib/pyproject.toml lib/setup.py tools/make_venv.sh 2>/dev/null | sha256sum | cut -c1-16)
+# The stamp is keyed on what the venv is built from: editing a pin or pyproject.toml reinstalls.
+VENV_HASH  := $(shell cat requirements/dev.txt pyproject.toml setup.py tools/make_venv.sh 2>/dev/null | sha256sum | cut -c1-16)
 VENV_STAMP := $(VENV)/.stamp-$(VENV_HASH)
 
 PYTEST_ARGS ?=
@@ -45,14 +45,13 @@ help:
 	@echo "make demo         run the showcase end to end: $(or $(strip $(DEMO_TARGETS)),(nothing yet))"
 	@echo "make test         every test: $(TEST_TARGETS)"
 	@echo "make quick        inner loop: $(QUICK_TARGETS)"
-	@echo "make venv         create/update .venv (Python 3.11, requirements/dev.txt, lib/ editable)"
-	@echo "make lint         ruff over lib plugins tests benchmarks tools, changelog fragments"
-	@echo "make typecheck    mypy over lib/hostlock (as Python 3.8) and the plugins (mypy.ini)"
+	@echo "make venv         create/update .venv (Python 3.11, requirements/dev.txt, hostlock editable)"
+	@echo "make lint         ruff over plugins tests benchmarks tools, changelog fragments"
+	@echo "make typecheck    mypy over the engine (as Python 3.8) and the plugins (mypy.ini)"
 	@echo "make test-ansible-matrix  a real ansible-playbook smoke on ansible-core 2.19, 2.20 and 2.21"
 	@echo "make sanity       ansible-test sanity --venv --python 3.11 in a collection-layout copy"
 	@echo "make units        ansible-test units for tests/unit/plugins in the same layout"
 	@echo "make lint-ansible ansible-lint --offline, production profile"
-	@echo "make module-utils regenerate plugins/module_utils/hostlock from lib/hostlock"
 	@echo "make bench-engine engine benchmark table (benchmarks/engine.py; not part of make test)"
 	@echo "make clean        remove build and test output (keeps .venv); distclean also removes .venv"
 
@@ -69,7 +68,7 @@ demo: $(DEMO_TARGETS)
 	@$(if $(strip $(DEMO_TARGETS)),true,echo "make demo: no demo registered yet (DEMO_TARGETS is empty)")
 
 clean:
-	rm -rf tests/output build dist lib/build lib/*.egg-info .ruff_cache .pytest_cache benchmarks/output
+	rm -rf tests/output build dist *.egg-info .ruff_cache .pytest_cache benchmarks/output
 	rm -f hostlock-core-*.tar.gz
 	find . -path ./.venv -prune -o -path ./.git -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 

@@ -3,7 +3,7 @@
 Measured in the same run, interleaved round by round so machine noise hits every row alike:
   - `hostlock run NAME true` through a launcher like roles/cli/templates (`#!PYTHON -IS`, the library
     appended to sys.path): what a cron job or a shell script pays per call;
-  - `hostlock run NAME true` as `pip install ./lib` installs it (a fresh venv: lib/scripts/hostlock, which
+  - `hostlock run NAME true` as `pip install .` installs it (a fresh venv: scripts/hostlock, which
     starts the venv's python3 with -I -S);
   - `hostlock flock LOCKFILE true` (flock(1)'s command line: must start as fast as `hostlock run`);
   - `hostlock cron --name NAME -- true` (adds the output capture);
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIB = ROOT / "lib"
+LIB = ROOT / "plugins" / "module_utils"  # the directory holding the hostlock package
 sys.path.insert(0, str(ROOT / "tests"))
 import fleet_etcd  # noqa: E402 - the test fixture starts and stops the etcd member; path set up just above
 
@@ -55,12 +55,12 @@ def make_launcher(directory: Path, python: str) -> Path:
 
 
 def pip_installed(directory: Path, python: str) -> Path:
-    """`pip install ./lib` into a fresh venv of `python`; returns its bin/hostlock (a wheel built offline here)."""
+    """`pip install .` into a fresh venv of `python`; returns its bin/hostlock (a wheel built offline here)."""
     venv = directory / "venv"
     subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
     wheels = directory / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(LIB)], check=True)
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)], check=True)
     subprocess.run([*pip, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index",
                     *map(str, wheels.glob("hostlock-*.whl"))], check=True)
     return venv / "bin" / "hostlock"
@@ -123,7 +123,7 @@ def main() -> int:
         env = {"PATH": "/usr/bin:/bin", "HOSTLOCK_DIR": str(lockdir)}
         cases = {
             "`hostlock run NAME true`": [launcher, "run", "bench", "true"],
-            "`hostlock run NAME true` (pip install ./lib)": [installed, "run", "bench-pip", "true"],
+            "`hostlock run NAME true` (pip install .)": [installed, "run", "bench-pip", "true"],
             "`hostlock flock LOCKFILE true`": [launcher, "flock", str(work / "hostlock-flock.lock"), "true"],
             "`hostlock cron --name NAME -- true`": [launcher, "cron", "--name", "bench-cron", "--", "true"],
             "`hostlock run --fleet URL NAME true` (local etcd)":
@@ -165,8 +165,8 @@ def main() -> int:
             f"{run_ms:.1f} ms ({'met' if run_ms <= 20 else '**missed** in absolute terms'}), "
             f"{ratio:.2f}x bare ({'met' if ratio <= 20 / 9 else '**MISSED**'}). Other work on the machine "
             "inflates every row; the ratios are the comparable figures."]
-    pip_ms = med["`hostlock run NAME true` (pip install ./lib)"]
-    out += ["", f"Installed by `pip install ./lib`, `hostlock run NAME true` is {pip_ms / bare_ms:.2f}x bare "
+    pip_ms = med["`hostlock run NAME true` (pip install .)"]
+    out += ["", f"Installed by `pip install .`, `hostlock run NAME true` is {pip_ms / bare_ms:.2f}x bare "
             f"(target: <= 2x whichever way it is installed: {'met' if pip_ms / bare_ms <= 2 else '**MISSED**'}); "
             f"{pip_ms / run_ms:.2f}x the cli role's launcher."]
     fl_ms = med["`hostlock flock LOCKFILE true`"]

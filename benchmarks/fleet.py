@@ -190,7 +190,8 @@ def make_launcher(directory: str) -> str:
     """`hostlock` as the cli role installs it: `#!PYTHON -IS`, the library's directory, main()."""
     path = os.path.join(directory, "hostlock")
     with open(path, "w") as f:
-        f.write(f"#!{real_python()} -IS\nimport sys\n\nsys.path.append({str(HERE.parent / 'lib')!r})\n"
+        engine = str(HERE.parent / "plugins" / "module_utils")
+        f.write(f"#!{real_python()} -IS\nimport sys\n\nsys.path.append({engine!r})\n"
                 "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n")
     os.chmod(path, 0o755)
     return path

@@ -17,7 +17,7 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "lib"), os.path.join(HERE, "..", "tests")]
+sys.path[:0] = [os.path.join(HERE, "..", "plugins", "module_utils"), os.path.join(HERE, "..", "tests")]
 
 import fleet_etcd  # noqa: E402 - tests/ on the path above
 
@@ -37,7 +37,7 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     member = fleet_etcd.start_etcd(tempfile.mkdtemp())
     try:
-        env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "lib"))
+        env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "plugins", "module_utils"))
         holder = hostlock.Lock("w", fleet=member.url)
         holder.acquire()
         procs = []

@@ -21,17 +21,17 @@ openssh-server:
 	fi
 
 # etcd-deps (mk/fleet.mk): the fleet tests (test_fleet_*.py) run a real etcd; without it they would skip.
-test-ansible: venv openssh-server etcd-deps module-utils
+test-ansible: venv openssh-server etcd-deps
 	$(PYTEST) -q $(XDIST) $(ANSIBLE_TESTS) $(PYTEST_ARGS)
 	@$(MAKE) --no-print-directory integration-ansible
 
-integration-ansible: venv module-utils
+integration-ansible: venv
 	@$(PY) tools/ansible_test_pip.py
 	@$(collection_copy); \
 	echo "make integration-ansible: ansible-test integration $(ANSIBLE_TARGETS) in $$dest"; \
 	$(ANSIBLE_TEST) integration --venv --python $(ANSIBLE_TEST_PYTHON) --color no $(INTEGRATION_ARGS) $(ANSIBLE_TARGETS)
 
-demo-ansible: venv module-utils
+demo-ansible: venv
 	@bash demo/ansible-demo.sh
 
 bench-ansible: venv openssh-server

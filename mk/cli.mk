@@ -1,4 +1,4 @@
-# The `hostlock` command line (lib/hostlock/cli.py, _cli_*.py; manual in docs/cli.md).
+# The `hostlock` command line (plugins/module_utils/hostlock/cli/; manual in docs/cli.md).
 #
 #   make test-cli    integration tests: real processes, real signals, a pty, every Python 3.8-3.13 found, a real
 #                    etcd for --fleet (installed by etcd-deps, mk/fleet.mk, when missing) (~30 s)

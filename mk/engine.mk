@@ -1,4 +1,4 @@
-# The lock engine (lib/hostlock: _api, _kernel, _record, _lease, _owner, _directory).
+# The lock engine (plugins/module_utils/hostlock: api, core/, host/; docs/layout.md).
 #
 #   make test-engine   real processes and signals: 8-process stress with an overlap detector, SIGKILL at
 #                      random points, PID reuse in a pid namespace, hostile directories, leases (~1-2 min)
@@ -26,7 +26,7 @@ test-pythons:
 	  if [[ ! -x $$venv/bin/pytest || requirements/pythons.txt -nt $$venv/bin/pytest ]]; then \
 	    "$$py" -m venv --clear $$venv && $$venv/bin/python -m pip install -q -r requirements/pythons.txt; fi; \
 	  echo "make test-pythons: $$("$$py" -V) ($$py)"; \
-	  PYTHONPATH=$(CURDIR)/lib $$venv/bin/python -m pytest -q -p no:cacheprovider tests/unit/engine tests/integration/engine $(PYTHONS_PYTEST_ARGS); \
+	  PYTHONPATH=$(CURDIR)/plugins/module_utils $$venv/bin/python -m pytest -q -p no:cacheprovider tests/unit/engine tests/integration/engine $(PYTHONS_PYTEST_ARGS); \
 	  ran="$$ran $$v"; \
 	done; \
 	echo "make test-pythons: engine tests passed on:$$ran"

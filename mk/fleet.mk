@@ -1,4 +1,4 @@
-# Fleet locks on etcd (lib/hostlock/_fleet.py, _etcd.py, _etcd_lock.py; docs/fleet.md).
+# Fleet locks on etcd (plugins/module_utils/hostlock/fleet/; docs/fleet.md).
 #
 #   make test-fleet    real etcd: one member and a 3-member cluster on 127.0.0.1, partitions by proxy
 #   make bench-fleet   benchmarks/fleet.py against etcdctl lock and a plain etcd txn loop (not in make test)

@@ -1,13 +1,13 @@
 # Infrastructure targets: lint, repository-level unit tests, ansible-test sanity/units in the
-# ansible_collections/hostlock/core layout, ansible-lint, the module_utils generator, the engine benchmark.
+# ansible_collections/hostlock/core layout, ansible-lint, the engine benchmark.
 
-LINT_PATHS := $(wildcard lib plugins tests benchmarks tools)
+LINT_PATHS := $(wildcard plugins tests benchmarks tools setup.py)
 ANSIBLE_TEST := $(abspath $(VENV_BIN))/ansible-test
 ANSIBLE_TEST_PYTHON ?= 3.11
 SANITY_ARGS ?=
 UNITS_ARGS ?=
 
-.PHONY: lint test-unit sanity sanity-deps units lint-ansible module-utils module-utils-check bench-engine
+.PHONY: lint test-unit sanity sanity-deps units lint-ansible bench-engine
 
 lint: venv
 	$(RUFF) check $(LINT_PATHS)
@@ -17,12 +17,6 @@ lint: venv
 # `make units` runs those in the collection layout; everything else under tests/unit runs here.
 test-unit: venv
 	$(PYTEST) -q tests/unit --ignore=tests/unit/plugins $(PYTEST_ARGS)
-
-module-utils: venv
-	$(PY) tools/gen_module_utils.py
-
-module-utils-check: venv
-	$(PY) tools/gen_module_utils.py --check
 
 # Copy the working tree's tracked and untracked-but-not-ignored files into
 # $$tmp/ansible_collections/hostlock/core (the layout ansible-test requires) and cd there.

@@ -1,6 +1,6 @@
 # Release quality: the type checker, the tested ansible-core range (and, in tests/unit, the published tarball).
 #
-#   make typecheck            mypy (pinned in requirements/dev.txt, mypy.ini): lib/hostlock as Python 3.8;
+#   make typecheck            mypy (pinned in requirements/dev.txt, mypy.ini): the engine (plugins/module_utils/hostlock) as Python 3.8;
 #                             the modules (they run on targets: 3.8 too) and the controller plugins (3.11)
 #                             in the ansible_collections/hostlock/core layout they are imported from
 #   make test-ansible-matrix  a real ansible-playbook smoke (lock, lock_info, locked, serialize; local connection)
@@ -29,7 +29,7 @@ TEST_TARGETS += typecheck
 QUICK_TARGETS += typecheck
 
 MATRIX_VERSIONS ?= 2.19 2.20 2.21
-test-ansible-matrix: venv module-utils
+test-ansible-matrix: venv
 	@tools/ansible_matrix.sh $(MATRIX_VERSIONS)
 
 TEST_TARGETS += test-ansible-matrix

@@ -36,7 +36,7 @@ roles-collection: venv
 
 # The scenarios run side by side (each has its own target; their time is mostly waiting on SSH round trips),
 # each into its own log, printed when it ends.
-test-roles: venv roles-deps module-utils
+test-roles: venv roles-deps
 	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-roles.XXXXXX"); trap 'rm -rf "$$logs"' EXIT; \
 	for role in $(ROLES); do \
 	  echo "make test-roles: molecule test for hostlock.core.$$role (log: $$logs/$$role.log)"; \
@@ -52,7 +52,7 @@ test-roles: venv roles-deps module-utils
 	done; \
 	[[ -z "$$failed" ]] || { echo "make test-roles: failed:$$failed"; exit 1; }
 
-molecule: venv roles-deps module-utils
+molecule: venv roles-deps
 	cd roles/$(ROLE) && $(MOLECULE) $(CMD) $(MOLECULE_ARGS)
 
 lint-roles: venv roles-collection

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 # The checkout's library source (what the in-process tests import, through pytest.ini's pythonpath).
-CHECKOUT_LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "lib"))
+CHECKOUT_LIB = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "plugins", "module_utils"))
 
 
 def readable_copy(src: str = CHECKOUT_LIB) -> str:

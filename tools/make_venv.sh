@@ -60,11 +60,15 @@ run_quiet() {
 }
 echo "make venv: installing requirements/dev.txt"
 run_quiet "${pip[@]}" install -r requirements/dev.txt
-# Editable so tests always run the working tree's lib/hostlock; "compat" mode puts a plain path in a
+# Editable so tests always run the working tree's plugins/module_utils/hostlock; "compat" mode puts a plain path in a
 # .pth file (no import hook at interpreter start, which matters for the CLI's start-up budget).
 # --no-build-isolation: setuptools comes pinned from dev.txt, no extra download.
-echo "make venv: installing lib/ (editable: import hostlock -> $(pwd)/lib/hostlock)"
-run_quiet "${pip[@]}" install --no-deps --no-build-isolation --config-settings editable_mode=compat -e ./lib
+echo "make venv: installing hostlock (editable: import hostlock -> $(pwd)/plugins/module_utils/hostlock)"
+run_quiet "${pip[@]}" install --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
+# compat mode puts the project root in its .pth, and the package lives under plugins/module_utils (pyproject's
+# package-dir): one more .pth puts that directory on sys.path, still a plain path and no import hook.
+site_packages=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf '%s\n' "$(pwd)/plugins/module_utils" >"$site_packages/hostlock-source.pth"
 rm -f "$venv"/.stamp-*
 touch "$stamp"
 echo "make venv: $venv ready"

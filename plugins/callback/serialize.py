@@ -222,14 +222,14 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     status,
     validate_name,
 )
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock._cli_common import (
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors import (
     EX_LOST,
     EX_TEMPFAIL,
     EX_USAGE,
     describe_error,
     error_exit_code,
-    one_line,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
 
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).
@@ -398,7 +398,7 @@ def settings(get: t.Callable[[str], t.Any]) -> dict[str, t.Any]:
         raise bad("prefix", out["prefix"], f"a prefix that makes valid lock names ({one_line(str(e))})") from None
     out["fleet"] = str(get("fleet") or "").strip() or None
     if out["fleet"]:
-        from ansible_collections.hostlock.core.plugins.module_utils.hostlock._fleet import parse
+        from ansible_collections.hostlock.core.plugins.module_utils.hostlock.fleet.url import parse
 
         try:
             parse(out["fleet"])
@@ -679,7 +679,7 @@ class CallbackModule(CallbackBase):
         the prefix. Runs of other control nodes on the same fleet find the same id on the hosts."""
         fleet = self._fleet()
         if fleet:
-            from ansible_collections.hostlock.core.plugins.module_utils.hostlock._fleet import parse
+            from ansible_collections.hostlock.core.plugins.module_utils.hostlock.fleet.url import parse
 
             # the etcd key prefix, not the URL: control nodes may list the endpoints differently
             where = "etcd:" + parse(fleet).prefix

@@ -39,7 +39,7 @@ def _clock(epoch: float | None) -> str:
 
 def _short(text: str | None, limit: int = 80) -> str:
     """A holder's command line or label, as one inert line: it is text another user may have written."""
-    from .hostlock._text import one_line  # a leaf: only the escape, none of the command line's code
+    from .hostlock.core.text import one_line  # a leaf: only the escape, none of the command line's code
 
     text = one_line(" ".join((text or "").split()))  # whitespace runs (newlines too) to one space
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -133,7 +133,7 @@ def path_holder_dicts(path: str) -> list:
     shape of a named lock's holder records (pid, uid, cmdline, job_pid, job_cmdline, mode)."""
     import os
 
-    from .hostlock import _proclocks
+    from .hostlock.host import proclocks as _proclocks
 
     try:
         st = os.stat(path)  # follows a symlink, as flock(1) does when it opens the path to lock it

@@ -39,7 +39,7 @@ import typing as t
 from typing import Any
 
 from .hostlock import Lock, LockTimeout
-from .hostlock._pathlock import PathLock
+from .hostlock.host.pathlock import PathLock
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -145,7 +145,7 @@ def controller_gone(fd: int = 1, controller: str | None = None) -> bool:
     the run's process as the action saw it, on this same machine) is then what tells that the run is gone.
     """
     if controller:
-        from .hostlock._owner import is_alive
+        from .hostlock.core.owner import is_alive
 
         pid, _sep, start = controller.partition(":")
         if pid.isdigit() and start.isdigit() and is_alive(int(pid), start, None, None) is False:

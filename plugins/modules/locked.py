@@ -385,7 +385,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     parse_duration,
     status,
 )
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock._pathlock import PathLock
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.pathlock import PathLock
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str"),

@@ -17,13 +17,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 GALAXY = Path(sys.executable).with_name("ansible-galaxy")
 
-# What users of the collection get: the plugins (with the generated engine copy), the roles and the data
-# the cli role installs, the runtime metadata, the manual, the licence and the changelog.
+# What users of the collection get: the plugins (the engine in module_utils/hostlock, its data: what the cli role
+# installs), the roles, the runtime metadata, the manual, the licence and the changelog.
 SHIPPED_TOP = {"CHANGELOG.md", "COPYING", "FILES.json", "MANIFEST.json", "README.md",
-               "changelogs", "docs", "lib", "meta", "plugins", "roles"}
+               "changelogs", "docs", "meta", "plugins", "roles"}
 NEVER = ("tests/", "benchmarks/", "demo/", "tools/", "requirements/", "mk/", "changelogs/fragments/",
          "/molecule/", "__pycache__", ".venv", "Makefile", "pytest.ini", "mypy.ini", "ruff.toml",
-         "lib/pyproject.toml", "extensions/")
+         "pyproject.toml", "setup.py", "scripts/", "extensions/")
 
 
 def checkout_files():
@@ -57,8 +57,9 @@ def test_tarball_ships_only_what_users_need(tarball_names):
     assert leaked == []
 
 
-def test_tarball_has_the_generated_engine_copy_and_every_plugin(tarball_names):
-    engine = {"plugins/module_utils/hostlock/" + p.name for p in (ROOT / "lib/hostlock").glob("*.py")}
+def test_tarball_has_the_engine_and_every_plugin(tarball_names):
+    engine = {p.relative_to(ROOT).as_posix() for p in (ROOT / "plugins/module_utils/hostlock").rglob("*.py")
+              if "__pycache__" not in p.parts}
     assert engine and engine <= tarball_names
     plugins = {f for f in checkout_files() if f.startswith("plugins/") and f.endswith(".py")}
     assert plugins <= tarball_names
@@ -67,9 +68,9 @@ def test_tarball_has_the_generated_engine_copy_and_every_plugin(tarball_names):
 def test_tarball_has_every_role_file_and_the_cli_role_data(tarball_names):
     roles = {f for f in checkout_files() if f.startswith("roles/") and "/molecule/" not in f}
     assert roles and roles <= tarball_names
-    data = {"lib/hostlock/data/" + p.name for p in (ROOT / "lib/hostlock/data").iterdir()}
+    data_dir = ROOT / "plugins/module_utils/hostlock/data"
+    data = {data_dir.relative_to(ROOT).as_posix() + "/" + p.name for p in data_dir.iterdir()}
     assert data and data <= tarball_names
-    assert {n for n in tarball_names if n.startswith("lib/") and not n.endswith("/")} == data
 
 
 def test_tarball_has_licence_changelog_and_metadata(tarball_names):

@@ -17,14 +17,14 @@ def galaxy():
 
 
 def test_galaxy_and_lib_versions_agree():
-    pyproject = tomllib.loads((ROOT / "lib/pyproject.toml").read_text())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert galaxy()["version"] == pyproject["project"]["version"]
 
 
 def test_engine_version_agrees():
-    init = ROOT / "lib/hostlock/__init__.py"
+    init = ROOT / "plugins/module_utils/hostlock/__init__.py"
     if not init.exists():
-        pytest.skip("lib/hostlock/__init__.py does not exist yet")
+        pytest.skip("plugins/module_utils/hostlock/__init__.py does not exist yet")
     versions = [
         node.value.value
         for node in ast.parse(init.read_text()).body

@@ -35,7 +35,7 @@ def _events(path: Path) -> dict[str, float]:
 
 def _blocked_on(path: Path) -> bool:
     """Whether a lock request waits on the file (a '->' line of /proc/locks for its inode)."""
-    from hostlock import _proclocks
+    from hostlock.host import proclocks as _proclocks
 
     try:
         st = os.stat(path)

@@ -10,7 +10,7 @@ from pathlib import Path
 from engine_helpers import LIB as _LIB
 
 ROOT = Path(__file__).resolve().parents[3]
-# A copy of lib/hostlock readable by every user (engine_helpers.readable_copy): launchers run as others too.
+# A copy of the hostlock package readable by every user (engine_helpers.readable_copy): launchers run as others too.
 LIB = Path(_LIB)
 # The real interpreter (.venv/bin/python resolves to it); never the pyenv shim (~100 ms a start).
 PYTHON = os.path.realpath(sys.executable)

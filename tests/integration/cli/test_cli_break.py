@@ -15,9 +15,9 @@ from cli_support import wait_until
 from engine_helpers import LIB, as_member, needs_users, start_victim, victim_signals
 
 import hostlock
-import hostlock._gc
-import hostlock._kernel
-from hostlock import _owner
+import hostlock.host.gc
+import hostlock.host.kernel
+from hostlock.core import owner as _owner
 
 shared_group = engine_helpers.shared_group  # a fixture
 
@@ -144,7 +144,7 @@ def test_break_force_keeps_a_corrupt_file_that_someone_has_locked(cli):
     with open(path, "r+b") as f:
         f.write(b"garbage")
         f.flush()
-        fcntl.fcntl(f.fileno(), hostlock._kernel.F_OFD_SETLK, hostlock._kernel.WHOLE_FILE)  # someone has it locked
+        fcntl.fcntl(f.fileno(), hostlock.host.kernel.F_OFD_SETLK, hostlock.host.kernel.WHOLE_FILE)  # locked
         r = cli.run("break", "inuse", "--force")
         assert r.returncode == 65 and os.path.exists(path), r.stdout + r.stderr
 

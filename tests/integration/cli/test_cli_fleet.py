@@ -19,7 +19,7 @@ HOST = os.uname().nodename
 
 
 def c_quote(word):
-    from hostlock._cli_common import quote
+    from hostlock.cli.common import quote
 
     return quote(word)
 

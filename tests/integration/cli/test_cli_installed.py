@@ -1,4 +1,4 @@
-"""`pip install ./lib` installs lib/scripts/hostlock: the venv's own python3 started with -I -S (no `site`, no
+"""`pip install .` installs scripts/hostlock: the venv's own python3 started with -I -S (no `site`, no
 PYTHON* variables), the package found in the venv's site-packages; any other layout falls back to `site`."""
 
 import os
@@ -19,7 +19,7 @@ def installed(tmp_path_factory):
     venv = work / "venv"
     subprocess.run([os.path.realpath(sys.executable), "-m", "venv", "--without-pip", str(venv)], check=True)
     wheels = work / "wheels"
-    subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT / "lib")],
+    subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT)],
                    check=True)
     subprocess.run([*PIP, "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-index",
                     *map(str, wheels.glob("hostlock-*.whl"))], check=True)

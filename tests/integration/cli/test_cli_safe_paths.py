@@ -1,5 +1,5 @@
 """Paths users give (`flock FILE`, `run --path FILE`, `status --path FILE`, `run -d DIR`) follow no symlink
-another user could have planted in ANY component (issue 22 item 5; lib/hostlock/_safepath.py).
+another user could have planted in ANY component (issue 22 item 5; hostlock/host/safepath.py).
 
 The attacker is a real other user (uid 65534 through setpriv) planting links in a sticky world-writable
 directory, as in /tmp; the victim is root. util-linux flock(1) follows every one of these links: the

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
 PRELUDE = textwrap.dedent("""
     import os, subprocess, sys, json
     import hostlock
-    from hostlock import _directory
+    from hostlock.host import directory as _directory
     def sh(cmd):
         subprocess.run(cmd, shell=True, check=True)
     sh("mount --make-rprivate / && mount -t tmpfs -o mode=0755 tmpfs /run && mkdir -m 1777 /run/lock")

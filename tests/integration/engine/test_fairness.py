@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import spawn, wait_line
 
 import hostlock
-from hostlock import _kernel
+from hostlock.host import kernel as _kernel
 
 WAITER = """
     import sys, time, hostlock

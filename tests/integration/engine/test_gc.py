@@ -93,7 +93,7 @@ def test_a_lock_object_that_has_the_file_open_keeps_it_from_gc(tmp_path):
 def test_a_file_removed_by_hand_is_left_for_the_current_one(tmp_path):
     """A person's rm (no lock taken) of an idle file: the next acquisition, 10 ms or more after the last
     check, sees st_nlink == 0 and starts over on the file now at the name."""
-    from hostlock import _lockers
+    from hostlock.host import lockers as _lockers
 
     d = _ofd_dir(tmp_path)
     early = hostlock.Lock("byhand", directory=d)
@@ -122,7 +122,7 @@ def test_a_foreign_lock_on_the_open_range_neither_hangs_nor_breaks_locking(tmp_p
     import fcntl
     import struct
 
-    from hostlock import _kernel
+    from hostlock.host import kernel as _kernel
 
     d = _ofd_dir(tmp_path)
     hostlock.Lock("squat", directory=d).acquire().close()

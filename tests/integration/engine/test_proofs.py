@@ -26,7 +26,7 @@ from engine_helpers import (
 )
 
 import hostlock
-from hostlock import _owner
+from hostlock.core import owner as _owner
 
 
 def _record_line(**fields) -> str:

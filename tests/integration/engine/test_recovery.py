@@ -13,7 +13,8 @@ import pytest
 from engine_helpers import LIB, spawn, wait_line
 
 import hostlock
-from hostlock import _lockers, _owner
+from hostlock.core import owner as _owner
+from hostlock.host import lockers as _lockers
 
 HAVE_UNSHARE = shutil.which("unshare") is not None and os.geteuid() == 0
 

@@ -15,7 +15,7 @@ import pytest
 from engine_helpers import LIB, VICTIM, as_member, needs_users, victim_signals, wait_line
 
 import hostlock
-from hostlock import _owner
+from hostlock.core import owner as _owner
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by uid 65534 (the venv's interpreter may live under /root)
 

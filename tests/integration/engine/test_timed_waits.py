@@ -109,7 +109,7 @@ def test_timed_waits_end_in_other_threads_and_beside_an_application_handler(lock
     holder = hostlock.Lock("timed", directory=lockdir).acquire()
     child = spawn("""
         import _thread, signal, sys, hostlock
-        from hostlock import _waiting
+        from hostlock.host import waiting as _waiting
 
         def attempt():
             try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import hostlock
-from hostlock import _etcd_lock
+from hostlock.fleet import lock as _etcd_lock
 
 
 def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch):

@@ -209,7 +209,7 @@ def test_break_force_ends_that_lock_alone_of_a_process_holding_several(etcd):
 def test_a_key_deleted_before_its_watch_opens_is_still_lost(etcd, monkeypatch):
     """The key's watch opens KEY_WATCH_DELAY after the key was made, from the revision after its creation:
     a deletion in between still arrives (here the delay is made long, so the deletion surely comes first)."""
-    from hostlock import _etcd_lock
+    from hostlock.fleet import lock as _etcd_lock
 
     monkeypatch.setattr(_etcd_lock, "KEY_WATCH_DELAY", 5.0)
     lost = threading.Event()
@@ -240,7 +240,7 @@ def test_an_attempt_that_fails_before_it_has_a_lease_leaves_no_descriptor(etcd):
 def test_a_released_key_etcd_did_not_delete_is_deleted_by_the_keep_alive_thread(etcd, monkeypatch):
     """a's delete at its release gets no answer (FleetUnavailable) while b keeps the lease alive: the key must
     not hold lock a for as long as b is held; the keep-alive thread deletes it."""
-    from hostlock import _etcd_lock
+    from hostlock.fleet import lock as _etcd_lock
 
     main = threading.get_ident()
     real_call = _etcd_lock.Client.call

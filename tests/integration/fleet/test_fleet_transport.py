@@ -24,7 +24,8 @@ import engine_helpers
 import fleet_etcd
 import pytest
 
-from hostlock import _etcd, _fleet
+from hostlock.fleet import etcd as _etcd
+from hostlock.fleet import url as _fleet
 
 LIB = Path(engine_helpers.LIB)  # a copy every user can read: uid 65534 runs the launcher (private checkouts)
 VERSIONS = ["3.8", "3.9", "3.10", "3.11", "3.12", "3.13"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hostlock import _cli_common as c
-from hostlock import _cli_options as options
+from hostlock.cli import common as c
+from hostlock.cli import options
 
 URL = "etcd://127.0.0.1:1"
 

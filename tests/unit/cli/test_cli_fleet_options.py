@@ -11,11 +11,8 @@ import threading
 import pytest
 
 import hostlock
-from hostlock import _cli_admin as admin
-from hostlock import _cli_common as c
-from hostlock import _cli_options as options
-from hostlock import _supervise as supervise
-from hostlock.cli import main
+from hostlock.cli import admin, main, options, supervise
+from hostlock.cli import common as c
 
 URL = "etcd://127.0.0.1:1"  # never contacted: every case here fails or is decided before any I/O
 

@@ -6,10 +6,9 @@ import subprocess
 import pytest
 
 import hostlock
-from hostlock import _cli_common as c
-from hostlock import _cli_cron as cron_cli
-from hostlock import _cli_options as options
-from hostlock import _supervise as supervise
+from hostlock.cli import common as c
+from hostlock.cli import cron as cron_cli
+from hostlock.cli import options, supervise
 
 
 def parse(*args, cron=False):

@@ -1,4 +1,4 @@
-"""The man page and the bash completion shipped in lib/hostlock/data: they list every command and every
+"""The man page and the bash completion shipped in the package's data/: they list every command and every
 flock(1) option `hostlock flock` accepts, render without warnings, and complete what they should."""
 
 import os
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hostlock import _cli_flock
 from hostlock.cli import _ADMIN
+from hostlock.cli import flock as _cli_flock
 
-DATA = Path(__file__).resolve().parents[3] / "lib" / "hostlock" / "data"
+DATA = Path(__file__).resolve().parents[3] / "plugins" / "module_utils" / "hostlock" / "data"
 COMMANDS = ["run", "flock", "cron", *_ADMIN]
 
 
@@ -28,11 +28,11 @@ def test_man_page_lists_every_command_and_flock_option():
 
 
 def test_man_page_and_manual_list_every_exit_code():
-    from hostlock import _cli_common as c
+    from hostlock.cli import common as c
 
     codes = {v for k, v in vars(c).items() if k.startswith("EX_") and isinstance(v, int)} - {0}
     man = (DATA / "hostlock.1").read_text().split(".SH EXIT STATUS", 1)[1].split(".SH", 1)[0]
-    manual = (DATA.parents[2] / "docs" / "cli.md").read_text().split("## Exit status", 1)[1].split("\n## ", 1)[0]
+    manual = (DATA.parents[3] / "docs" / "cli.md").read_text().split("## Exit status", 1)[1].split("\n## ", 1)[0]
     for code in codes:
         assert re.search(r"\b%d\b" % code, man), code
         assert "| %d |" % code in manual, code

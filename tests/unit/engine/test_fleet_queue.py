@@ -1,4 +1,4 @@
-"""The fleet queue rule (lib/hostlock/_etcd_lock.py blockers()), on keys as etcd returns them: who holds, who
+"""The fleet queue rule (hostlock/fleet/lock.py blockers()), on keys as etcd returns them: who holds, who
 waits, and behind whom. The same rule decides acquire() and status(), so both are checked here at once."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from hostlock._etcd_lock import Entry, _entries, blockers
+from hostlock.fleet.lock import Entry, _entries, blockers
 
 
 def kv(rev: int, mode: str | None = "exclusive", slots: int = 1) -> dict:

@@ -1,4 +1,4 @@
-"""Fleet URLs (lib/hostlock/_fleet.py): what parses, what is refused with one clear ValueError, and that a
+"""Fleet URLs (hostlock/fleet/url.py): what parses, what is refused with one clear ValueError, and that a
 fleet Lock never touches a lock directory or loads the etcd client before it is used."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import hostlock
-from hostlock import _fleet
+from hostlock.fleet import url as _fleet
 
 
 @pytest.mark.parametrize("url,endpoints,prefix", [

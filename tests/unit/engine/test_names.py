@@ -1,7 +1,7 @@
 import pytest
 
 import hostlock
-from hostlock import _names
+from hostlock.core import names as _names
 
 
 @pytest.mark.parametrize("name", ["a", "apt", "backup.daily", "x_1", "user@host", "a+b-c", "A" * 100, "_x"])

@@ -12,7 +12,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hostlock import _owner  # noqa: E402
+from hostlock.core import owner as _owner  # noqa: E402
 
 KEYS = ["pid", "start", "boot", "host", "pidns", "uid", "cmd", "mode", "slot", "at", "lease", "label", "jpid",
         "jcmd", "tid", "q"]

@@ -2,7 +2,7 @@
 
 import os
 
-from hostlock._proclocks import describe, locks_on, parse_line
+from hostlock.host.proclocks import describe, locks_on, parse_line
 
 
 def test_parse_line_kinds():

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from hostlock import _safepath
+from hostlock.host import safepath as _safepath
 
 
 @pytest.fixture

@@ -1,0 +1,555 @@
+"""The policy layer: names, directories, timeouts, re-entrancy, threads, fork; mechanisms do the locking.
+
+A Lock picks one locker (_lockers: kernel ranges or owner files) when it is made and holds at most one
+acquisition at a time. Timeouts, re-entrancy within a thread, exclusion between threads of one process and
+fork safety live here, once, for every mechanism.
+"""
+
+from __future__ import annotations
+
+import _thread
+import errno
+import os
+import time
+from _weakref import ref
+
+from .core.errors import HostlockError, LockFileError, LockLost, LockTimeout, MechanismError
+from .core.model import MODES, LockStatus
+from .core.names import check_duration, validate_name
+from .core.owner import Holder, _Self, build_record, parse_record, record_prefix
+from .core.tokens import token_id as _token_id
+from .host import kernel as _kernel
+from .host.directory import (
+    MECHANISM_CHOICES,
+    default_directory,
+    directory_mechanism,
+    open_directory,
+    open_lock_file,
+    read_marker,
+)
+from .host.lockers import KERNEL as _KERNEL
+from .host.lockers import locker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
+    from .core.model import Backend, Held, Locker
+    from .host.record import RecordMechanism
+
+_LIVE: dict = {}  # id -> weakref of every Lock, so a forked child can drop its copies
+
+
+def _after_fork_in_child() -> None:
+    """A child must never unlock (or keep) its parent's locks (filelock #634): close, don't unlock."""
+    for r in list(_LIVE.values()):
+        lock = r()
+        if lock is not None:
+            lock._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _record_mechanism() -> RecordMechanism:
+    from .host.record import RecordMechanism
+
+    return RecordMechanism()
+
+
+_FLEET = __name__.rpartition(".")[0] + ".fleet.url"  # hostlock.fleet.url, wherever hostlock is imported from
+
+
+def fleet_backend(fleet: str) -> Backend:
+    """The fleet Backend for a URL (etcd), loaded only when a fleet is used: host locks never import it.
+
+    Loaded by name, not by an import statement: Ansible's module dependency finder follows every import
+    statement (those inside functions too) into a module's payload, and fleet code never runs on a managed
+    host. tests/unit/test_layout.py keeps every other arrow into fleet/ out of what a host imports.
+    """
+    import importlib
+
+    return importlib.import_module(_FLEET).backend(fleet)
+
+
+def _track(lock: Lock) -> None:
+    key = id(lock)
+    _LIVE[key] = ref(lock, lambda _r: _LIVE.pop(key, None))
+
+
+class Lock:
+    """An exclusive or shared lock, or an N-slot semaphore, on one name in one lock directory, or with
+    `fleet=URL` in an etcd cluster shared by many hosts (ttl: the etcd lease's seconds; on_lost: called once,
+    from the keep-alive thread, when a held fleet lock is known lost)."""
+
+    def __init__(self, name: str, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
+                 mechanism: str = "auto", label: str | None = None, fifo: bool = True, fleet: str | None = None,
+                 ttl: float = 10.0, on_lost: Callable[[], object] | None = None) -> None:
+        self.name = validate_name(name)
+        if mode not in MODES:
+            raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
+        if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= _kernel.MAX_SLOTS:
+            raise ValueError("slots must be a whole number from 1 to %d, not %r" % (_kernel.MAX_SLOTS, slots))
+        if slots > 1 and mode != "exclusive":
+            raise ValueError("a semaphore (slots > 1) takes its slots exclusively: use mode='exclusive'")
+        if mechanism not in MECHANISM_CHOICES:
+            raise ValueError("mechanism must be %s, not %r" % (", ".join(MECHANISM_CHOICES), mechanism))
+        self.mode = mode
+        self.slots = slots
+        self.fifo = bool(fifo)
+        self._extra: dict = {"label": label} if label else {}
+        self._prefix = b""
+        self._prefix_pid = -1  # the cached record prefix belongs to this pid (changes after fork)
+        self._mutex = _thread.allocate_lock()
+        self._thread: int | None = None
+        self._count = 0
+        self._held: Held | None = None
+        self._locker: Locker
+        self.fleet = fleet or None
+        if self.fleet is not None:
+            if directory is not None or mechanism != "auto":
+                raise ValueError("a fleet lock lives in etcd: give fleet= without directory= or mechanism=")
+            # The one dispatch on `fleet`: the backend (etcd) supplies the locker; no lock directory is touched.
+            backend = fleet_backend(self.fleet)
+            self._extra["slots"] = slots
+            self.mechanism = "etcd"
+            self.directory = backend.url.display()
+            self._locker = backend.locker(self.name, slots, ttl, on_lost)
+            self.path = self._locker.path
+            _track(self)
+            return
+        self.directory = os.path.abspath(directory or default_directory())
+        dirfd, shared_dir = open_directory(self.directory)
+        try:
+            self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, _kernel.probe)
+            if self.mechanism == "ofd" and not _kernel.HAS_OFD:
+                raise MechanismError("lock directory %s uses OFD locks, which this platform lacks"
+                                     % self.directory, directory=self.directory)
+        finally:
+            os.close(dirfd)
+        self._locker = locker(self.mechanism, self.directory, self.name, slots, shared_dir)
+        self.path = self._locker.path
+        _track(self)
+
+    # -- public API ------------------------------------------------------------------------------------
+    @property
+    def locked(self) -> bool:
+        """True while this object (in this process) holds the lock."""
+        return self._held is not None
+
+    def acquire(self, timeout: float | None = None) -> Lock:
+        """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread."""
+        if timeout is not None:
+            timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
+        me = _thread.get_ident()
+        if self._held is not None and self._thread == me:
+            self._count += 1
+            return self
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._mutex.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            raise self._timeout(timeout)
+        try:
+            held = self._acquire(deadline)
+        except BaseException:
+            self._mutex.release()
+            raise
+        if held is None:
+            self._mutex.release()
+            raise self._timeout(timeout)
+        self._held, self._thread, self._count = held, me, 1
+        return self
+
+    def release(self) -> None:
+        """Release one level of acquisition; releasing a lock not held is a no-op."""
+        if self._held is None:
+            return
+        self._count -= 1
+        if self._count > 0:
+            return
+        held, self._held, self._thread = self._held, None, None
+        try:
+            self._locker.release(held)
+        finally:
+            self._mutex.release()
+
+    @property
+    def fence(self) -> int | None:
+        """While a fleet lock is held: its fencing token (the key's create_revision, strictly increasing per
+        name); give it to downstream systems so they refuse a holder older than one they have seen."""
+        return getattr(self._held, "fence", None)
+
+    @property
+    def lost(self) -> bool:
+        """True once a held fleet lock is known lost (lease expired or revoked, key deleted); host locks: False."""
+        session = getattr(self._held, "session", None)
+        return bool(session is not None and session.lost)
+
+    @property
+    def valid_until(self) -> float | None:
+        """While a fleet lock is held: the CLOCK_BOOTTIME second up to which it is surely still ours (the last
+        answered keep-alive's send + TTL, minus a margin; etcd's own expiry is later). Host locks: None.
+
+        `hostlock run`'s watcher kills the job at this moment if hostlock has not reported a later one (hostlock
+        stopped or hung), so the job does not outlive a lease that hostlock cannot keep."""
+        session = getattr(self._held, "session", None)
+        return None if session is None else session.expires
+
+    def check(self) -> None:
+        """Raise LockLost if the held fleet lock was lost; call it before acting on what the lock protects."""
+        if self.lost:
+            why = getattr(getattr(self._held, "session", None), "why", None) or "its lease ended"
+            raise LockLost("lost lock %r in %s: %s" % (self.name, self.path, why), path=self.path)
+
+    def descriptors(self) -> list[int]:
+        """Descriptors whose open file descriptions carry the held lock (empty when not held, and for the
+        record mechanism): a process holding a duplicate of each keeps the lock held after we are gone
+        (`hostlock run`'s watcher does, until the job is dead). Unlocking still frees it at once."""
+        if self._held is None:
+            return []
+        return self._locker.descriptors(self._held)
+
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None,
+                      label: str | None = None, **extra: object) -> None:
+        """Rewrite our owner record, e.g. so status names the job a supervisor started."""
+        for key, value in (("jpid", job_pid), ("jcmd", job_cmdline), ("label", label)):
+            if value is not None:
+                self._extra[key] = value
+        self._extra.update({k: v for k, v in extra.items() if v is not None})
+        self._prefix_pid = -1
+        if self._held is not None:
+            self._write_record(self._held)
+
+    def close(self) -> None:
+        """Release if held and close the lock file; the object can be used again afterwards."""
+        while self._held is not None:
+            self.release()
+        self._locker.close()
+
+    def __enter__(self) -> Lock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "_held", None) is not None and self._count and self._thread is not None:
+                self._count = 1
+                self.release()
+            if getattr(self, "_locker", None) is not None:
+                self._locker.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser at interpreter exit
+            pass
+
+    def __repr__(self) -> str:
+        return "<hostlock.Lock %r %s%s in %s (%s)%s>" % (
+            self.name, self.mode, " slots=%d" % self.slots if self.slots > 1 else "", self.directory,
+            self.mechanism, " held" if self.locked else "")
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _forget(self) -> None:
+        """In a forked child: drop every descriptor without unlocking; the parent still holds the lock."""
+        held = self._held
+        self._held, self._thread, self._count = None, None, 0
+        self._mutex = _thread.allocate_lock()
+        self._locker.forget(held)
+
+    def _acquire(self, deadline: float | None) -> Held | None:
+        # Know our identity before any wait: a woken waiter must not spend its first moments
+        # reading /proc (a fresh process has not computed it yet). The record is then built from the
+        # prefix as it is now, without asking the pid again inside the critical section.
+        self._refresh_prefix()
+        return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record)
+
+    def _refresh_prefix(self) -> None:
+        if self._prefix_pid != _Self.get().pid:
+            self._prefix = record_prefix(self.mode, self._extra)
+            self._prefix_pid = _Self.pid
+
+    def _built_record(self, slot: int | None, ticket: int | None = None) -> bytes:
+        """The record from the prefix _acquire has just refreshed (same process: no fork in between)."""
+        return build_record(self._prefix, slot, ticket)
+
+    def _write_record(self, held: Held) -> None:
+        # Rewritten while held (a job's pid, a lease renewal): status's SINCE stays when the lock was taken.
+        old = self._own_record()
+        at = old.get("at") if old else None
+        try:
+            taken = float(at) if at else None
+        except ValueError:
+            taken = None
+        self._refresh_prefix()
+        self._locker.write_record(held, build_record(self._prefix, held.slot, getattr(held, "ticket", None), taken))
+
+    def _own_record(self) -> dict | None:
+        if self._held is None:
+            return None
+        return parse_record(self._locker.read_record(self._held))
+
+    def _timeout(self, timeout: float | None) -> LockTimeout:
+        try:
+            st = status(self.name, self.directory) if self.fleet is None else status(self.name, fleet=self.fleet)
+        except HostlockError:
+            st = LockStatus(self.name, self.directory, self.path, self.mechanism, self.slots, [], 0)
+        return st.timed_out(timeout)
+
+
+def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel: bool,
+            file: tuple | None = None, planted: str | None = None) -> Holder:
+    h = Holder(fields, mode, slot, file)
+    if planted:
+        h.problem = planted
+    # Stale means break can act: a record proven dead (never one the kernel still holds), or an ended
+    # lease whose holder is alive here and not disproven (root can prove it; another user's cannot be
+    # examined, and break refuses them anyway). A forged record, one naming a process that does not hold
+    # the lock, or one from another host or PID namespace is not stale: break would not act on it.
+    h.stale = not h.forged and not planted and (
+        (h.lease_expired and h.alive is True and h.verified is not False)
+        or (h.alive is False and not held_by_kernel))
+    return h
+
+
+def status(name: str, directory: str | None = None, *, fleet: str | None = None) -> LockStatus:
+    """Holders and waiters of one lock, read without taking it; never creates anything."""
+    validate_name(name)
+    if fleet:
+        return fleet_backend(fleet).status(name)
+    directory = os.path.abspath(directory or default_directory())
+    if not os.path.lexists(directory):
+        return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
+    dirfd = open_directory(directory)[0]
+    try:
+        return _status(dirfd, directory, name, read_marker(dirfd, directory) or "none")
+    finally:
+        os.close(dirfd)
+
+
+def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
+    if mechanism == "record":
+        slots, entries = _record_mechanism().inspect(dirfd, name)
+        holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl) for f, m, s, _n, fi, pl in entries]
+        return LockStatus(name, directory, os.path.join(directory, name + "~owner"), mechanism, slots, holders, 0)
+    path = os.path.join(directory, name + ".lock")
+    if mechanism not in _KERNEL:
+        return LockStatus(name, directory, path, mechanism, 1, [], 0)
+    try:
+        fd = open_lock_file(dirfd, name + ".lock", directory, False, create=False, write=False)
+    except FileNotFoundError:
+        return LockStatus(name, directory, path, mechanism, 1, [], 0)
+    except LockFileError as e:  # a symlink, FIFO or device planted at the lock path: report it, never open it
+        return LockStatus(name, directory, path, mechanism, 1, [], 0, problem=str(e))
+    f = _KERNEL[mechanism].file_class(fd, path)
+    try:
+        st = os.fstat(fd)
+        slots, entries, tickets = _KERNEL[mechanism].inspect(f)
+    except LockFileError as e:  # a corrupt header: nobody can lock it until it is removed
+        return LockStatus(name, directory, path, mechanism, 1, [], 0, problem=str(e), corrupt=True)
+    finally:
+        f.close()
+    # The lock every holder must hold, as the kernel lists it (its file's owner says nothing about them:
+    # all lock the same file): OFD, a range of this file; flock(), this file or the slot's own file.
+    records = [(parse_record(r) if r else None, m, s) for r, m, s in entries]
+    holding = {fields.get("q") for fields, _m, _s in records if fields}
+    holders = [_holder(fields, m, s, held_by_kernel=True, file=_held_range(dirfd, name, mechanism, st, s))
+               for fields, m, s in records]
+    waiters = len([t for t in tickets if str(t) not in holding])
+    return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
+
+
+def _held_range(dirfd: int, name: str, mechanism: str, st: os.stat_result, slot: int | None) -> tuple | None:
+    """(dev, ino, None, offset or None) of the kernel lock a holder of `slot` must hold: what proves it."""
+    from .host.kernel import MAIN, SLOT0
+
+    at = MAIN if slot is None else SLOT0 + slot
+    if mechanism == "ofd":
+        return (st.st_dev, st.st_ino, None, at)
+    if slot is None:
+        return (st.st_dev, st.st_ino, None, None)
+    try:  # flock(): each slot is a file of its own (FlockFile)
+        sst = os.stat("%s.lock.%d" % (name, at), dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return None  # cannot be told: unproven
+    return (sst.st_dev, sst.st_ino, None, None)
+
+
+def holders(name: str, directory: str | None = None, *, fleet: str | None = None) -> list:
+    """The current holders of a lock (see Holder), for 'who holds it?'."""
+    return status(name, directory, fleet=fleet).holders
+
+
+def list_locks(directory: str | None = None, *, fleet: str | None = None) -> list:
+    """Every lock in a directory that has a file (in a fleet: that has a key), held or not, sorted by name."""
+    if fleet:
+        return fleet_backend(fleet).list_locks()
+    directory = os.path.abspath(directory or default_directory())
+    if not os.path.lexists(directory):
+        return []
+    dirfd = open_directory(directory)[0]
+    try:
+        mechanism = read_marker(dirfd, directory) or "none"
+        names = set()
+        for entry in os.listdir(dirfd):
+            if mechanism == "record":
+                base, sep, kind = entry.partition("~")
+                if sep and (kind == "owner" or kind.startswith("r~") or kind[:1] == "s"):
+                    names.add(base)
+            elif entry.endswith(".lock") and not entry.startswith("."):
+                names.add(entry[:-5])
+        out = []
+        for n in sorted(names):
+            try:
+                out.append(_status(dirfd, directory, validate_name(n), mechanism))
+            except (HostlockError, ValueError, OSError):
+                continue  # a foreign or corrupt file must not hide every other lock
+        return out
+    finally:
+        os.close(dirfd)
+
+
+def break_lock(name: str, directory: str | None = None, force: bool = False, wait: float = 5.0, *,
+               fleet: str | None = None) -> list:
+    """Remove provably stale state (dead owners' files, ended leases); with force, end live holders too.
+
+    Acts on kernel facts, never on a record alone: a record is removed only when its process is proven
+    dead, and a process is signalled (SIGTERM, then SIGCONT so a stopped one acts on it) only when proven,
+    at that moment, to be the holder (alive with the recorded start time and boot id, in this PID
+    namespace, its real uid the claimed one, the lock file open). Forged and unproven records are never
+    acted upon. Only holders of this user, unless we are root: the kernel's kill() check agrees.
+    Waits up to `wait` seconds for ended holders to exit. With force, a lock file with a corrupt header is
+    removed if nobody has it locked. Returns the holders removed or ended; `status()` afterwards says
+    what the kernel still holds. With `fleet`, force revokes the holders' etcd leases (they learn it:
+    LockLost); without force nothing is done.
+    """
+    from .core.owner import end_holders
+
+    wait = check_duration(wait, "wait")
+    if fleet:
+        # In a fleet nothing is stale (etcd ends an expired lease itself): force revokes the holders' leases.
+        return fleet_backend(fleet).break_lock(validate_name(name), force)
+    st = status(name, directory)
+    directory = st.directory
+    acted = []
+    if st.mechanism == "record":
+        acted += _remove_dead_records(directory, name)
+    elif st.corrupt and force:
+        _remove_corrupt(directory, name, st.mechanism)
+    targets = []
+    for h in st.holders:
+        if h.forged or h.problem or h.alive is False or not isinstance(h.pid, int):
+            continue
+        if not (h.lease_expired or force):
+            continue
+        if os.geteuid() != 0 and h.uid != os.geteuid():
+            raise HostlockError("lock %r in %s is held by uid %s (%s): only that user or root can break it"
+                                % (name, directory, h.uid, h.describe()), directory=directory, errno=errno.EPERM)
+        targets.append(h)
+    try:
+        ended = end_holders(targets, wait)
+    except PermissionError:
+        raise HostlockError("not permitted to end a holder of lock %r: it belongs to another user" % name,
+                            directory=directory, errno=errno.EPERM) from None
+    acted += ended
+    if ended and st.mechanism == "record":
+        # An ended holder that died without cleaning up leaves its owner file: proven dead now, remove it.
+        gone = {h.pid for h in ended}
+        acted += [h for h in _remove_dead_records(directory, name) if h.pid not in gone]
+    return acted
+
+
+def _remove_dead_records(directory: str, name: str) -> list:
+    dirfd = open_directory(directory)[0]
+    try:
+        return _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
+    finally:
+        os.close(dirfd)
+
+
+def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
+    """Unlink a lock file whose header is corrupt, only while holding a lock over the whole file.
+
+    That lock conflicts with every holder and waiter (ofd: every range; flock: the file), so a file in use
+    stays; a process that opened it before the unlink restarts on the new file (st_nlink 0).
+    """
+    import fcntl
+
+    from .host.kernel import CONTENTION, F_OFD_SETLK, WHOLE_FILE
+
+    dirfd = open_directory(directory)[0]
+    try:
+        filename = name + ".lock"
+        fd = open_lock_file(dirfd, filename, directory, False, create=False)
+        try:
+            try:
+                if mechanism == "ofd":
+                    fcntl.fcntl(fd, F_OFD_SETLK, WHOLE_FILE)
+                else:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in CONTENTION:
+                    return  # in use: status keeps reporting it
+                raise
+            st, now = os.fstat(fd), os.stat(filename, dir_fd=dirfd, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                os.unlink(filename, dir_fd=dirfd)
+        finally:
+            os.close(fd)  # drops the whole-file lock, after the unlink
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dirfd)
+
+
+def _shared(dirfd: int) -> bool:
+    return bool(os.fstat(dirfd).st_mode & 0o020)
+
+
+def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, label: str | None = None,
+         timeout: float | None = None, directory: str | None = None, mechanism: str = "auto",
+         in_flight: bool = False, fleet: str | None = None) -> str:
+    """Take `name` for `lease` seconds beyond this process; returns the token for renew()/release().
+
+    On a host (host.lease.hold): a detached holder process. With `fleet=URL` (and mode, slots, label,
+    timeout): an etcd lease of TTL `lease`, which outlives this process with no helper at all.
+    The lease code (and socket) loads only when used: the command line's `run` never pays for it.
+    """
+    if fleet:
+        if directory is not None or mechanism != "auto" or in_flight:
+            raise ValueError("a fleet lease lives in etcd: give fleet= without directory=, mechanism= or in_flight=")
+        return fleet_backend(fleet).hold(name, lease, mode, slots, label, timeout)
+    from .host.lease import hold as _hold
+
+    return _hold(name, lease, mode=mode, slots=slots, directory=directory, timeout=timeout, mechanism=mechanism,
+                 label=label, in_flight=in_flight)
+
+
+def renew(name: str, token: str, lease: float | None = None, directory: str | None = None, *,
+          fleet: str | None = None) -> float:
+    """Extend (or shorten) a lease to `lease` seconds from now; returns the new expiry (epoch)."""
+    if fleet:
+        return fleet_backend(fleet).renew(name, token, lease)
+    from .host.lease import renew as _renew
+
+    return _renew(name, token, lease, directory)
+
+
+def release(name: str, token: str, directory: str | None = None, *, fleet: str | None = None) -> None:
+    """End a lease: the lock is free when this returns."""
+    if fleet:
+        fleet_backend(fleet).release(name, token)
+        return
+    from .host.lease import release as _release
+
+    _release(name, token, directory)
+
+
+def prune_unused(older_than: float, directory: str | None = None, dry_run: bool = False) -> list:
+    """Remove lock files nobody holds or waits for and nobody used for `older_than` seconds (host.gc)."""
+    from .host.gc import collect
+
+    return collect(directory or default_directory(), older_than, dry_run)
+
+
+def token_id(token: str) -> str:
+    """The public id of a lease token (what status shows); TokenError if it is malformed."""
+    return _token_id(token)

@@ -1,0 +1,106 @@
+"""`hostlock run`: run a command while holding a lock, the lock and the job living and dying together.
+
+The command line is in `_cli_options`, the process supervisor in `_supervise` (its docstring has the
+design); this module takes the lock, runs the job and turns what happened into the exit status.
+"""
+
+from __future__ import annotations
+
+import _signal
+import time
+
+from . import common as c
+from .options import RUN_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
+from .supervise import Signalled, die_like, supervise, trap_wait_signals, untrap, waker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from .options import RunLock
+
+
+def _mode_text(o: Options) -> str:
+    return "%d-slot semaphore" % o.slots if o.slots > 1 else o.mode
+
+
+def main_run(args: list[str]) -> int:
+    """hostlock run: exit with the job's status, or a code saying why it did not run."""
+    try:
+        o = parse(args, cron=False)
+    except c.UsageError as exc:
+        return c.usage_error(str(exc), "run")
+    if o.help:
+        c.write_out(RUN_HELP)
+        return 0
+    from .. import LockTimeout
+
+    trapped = trap_wait_signals() if o.fleet is not None else None
+    lock = None
+    try:
+        try:
+            # A fleet lock's keep-alive thread wakes the supervisor when the lock is lost: armed before the
+            # lock (and so the thread) exists.
+            lock = make_lock(o, waker() if o.fleet is not None else None)
+            if o.verbose:
+                c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, where(lock)))
+            t0 = time.monotonic()
+            lock.acquire(timeout=o.wait)
+        finally:
+            untrap(trapped)  # from here on a signal is the job's (supervise forwards it)
+    except Signalled as sig:
+        return signalled_while_waiting(lock, sig)
+    except LockTimeout as exc:
+        if not o.quiet:
+            c.say(c.conflict_text(o.name or "", exc, o.wait))
+        return c.CONFLICT_DEFAULT if o.conflict_code is None else o.conflict_code
+    except KeyboardInterrupt:
+        return 128 + _signal.SIGINT
+    except Exception as exc:
+        return _lock_failed(o, exc)
+    lost = False
+    try:
+        if o.verbose:
+            c.say("got %s lock %s (%s%s) after %s" % (
+                _mode_text(o), o.name, lock.mechanism,
+                ", fence %s" % lock.fence if o.fleet is not None else "", c.format_span(time.monotonic() - t0)))
+        if o.fleet is not None and lock.lost:  # lost before the job could start: never start it unlocked
+            c.say(lost_text(o, lock, None))
+            return c.EX_LOST
+        try:
+            outcome = supervise(job_of(o, lock), recorder(lock, o))
+        except OSError as exc:
+            c.say("cannot start the job: %s" % c.describe_error(exc))
+            return c.errno_exit_code(exc.errno, c.EX_OSERR)
+        lost = o.fleet is not None and (outcome.aborted or lock.lost)
+        if lost:
+            c.say(lost_text(o, lock, outcome.describe()))
+        elif o.verbose:
+            c.say("job %s" % outcome.describe())
+    finally:
+        try:
+            lock.release()
+        except Exception as exc:  # the lock dies with this process anyway; say it, do not mask the job's status
+            if o.verbose:
+                c.say("release: %s" % c.describe_error(exc))
+    if lost:
+        return c.EX_LOST  # whatever the job's own status: its work may have overlapped another holder's
+    die_like(outcome)
+    return outcome.exit_code()
+
+
+def signalled_while_waiting(lock: RunLock | None, sig: Signalled) -> int:
+    """A waiter ended by a signal: the wait has revoked its lease (its key is out of the queue); a lock
+    taken in the instant the signal came is released. Exit 128+N, as for SIGINT."""
+    if lock is not None and getattr(lock, "locked", False):
+        try:
+            lock.release()
+        except Exception:  # noqa: BLE001 - leaving anyway; the lease ends within its TTL
+            pass
+    return 128 + sig.signum
+
+
+def _lock_failed(o: Options, exc: BaseException) -> int:
+    code = c.error_exit_code(exc)
+    if code == c.EX_USAGE:
+        return c.usage_error(c.describe_error(exc), "run")
+    c.say("cannot lock %s: %s" % (o.name, c.describe_error(exc)))
+    return code

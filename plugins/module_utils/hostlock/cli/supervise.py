@@ -1,0 +1,675 @@
+"""The process supervisor of `hostlock run`, `cron` and `flock`: fork and exec a job, forward signals to it,
+enforce a time limit, reap it; tie its life to the lock's.
+
+It takes an explicit `Job` (argv, environment additions, process group, output descriptor, time limits, the
+lock's descriptors) and knows nothing of command lines, so every command that runs a job shares it.
+
+Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
+- hostlock stays the parent and holds the lock; the job is forked and exec'd. The engine's descriptors are
+  close-on-exec, so neither the job nor anything it starts (a daemon) can keep the lock after we exit.
+- A watcher process, forked before the job, leaves hostlock's process group and session (setsid), so
+  whatever kills hostlock's group or session (kill -9 -PGID, pkill -s SID, timeout(1), a terminal hang-up)
+  misses it. It keeps a duplicate of the lock's open file descriptions: the kernel keeps an OFD or flock()
+  lock held while any descriptor of the description is open, so when hostlock dies without saying
+  "done", the lock stays held until the watcher has killed the job's whole process tree and seen it gone.
+  Only then does it exit, and the lock is free. No race is left for a second copy to win.
+- The job child sets PR_SET_PDEATHSIG before exec (SIGSTOP with a watcher: the job freezes with its
+  children still attached, for the watcher to kill together; SIGKILL without one), and does not exec
+  until hostlock has told the watcher its pid (a gate pipe): a job never runs unwatched.
+- Signals are blocked and collected with sigtimedwait(), never handled asynchronously: TERM, INT, HUP, QUIT,
+  USR1 and USR2 are forwarded to the job (except keyboard signals the job got from the terminal itself),
+  SIGCHLD ends the wait, the time limit is the wait's own deadline. No threads, no handlers, no races.
+- A fleet lock (etcd) has no descriptor to keep: its etcd lease outlives a dead hostlock by at most the
+  TTL, and the watcher kills the job at once, so the job is dead long before the lease can expire. When
+  the lock is lost while hostlock lives (the engine's keep-alive thread knows first), the job is stopped
+  like a timed-out one (SIGTERM, SIGKILL after kill_after): the thread sets the lock's flag and wakes
+  this loop with WAKE, sent to this thread alone (`waker`), which then reads `job.abort()`. A hostlock
+  that is alive but stopped can do neither, so the watcher also gets the lease's deadline ("v DEADLINE
+  GRACE" lines, as renewals move it) and kills the job when it passes while hostlock is stopped.
+- Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
+  no subprocess, argparse, re or json). The watcher's killing code (`_jobkill`) is imported only by a
+  watcher whose hostlock died.
+"""
+from __future__ import annotations
+
+import _signal
+import _thread
+import errno as _errno
+import os
+import sys
+import time
+
+from . import common as c
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable, Mapping
+
+FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
+_WAITED = set(FORWARDED) | {_signal.SIGCHLD}
+_SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a terminal
+_PR_SET_PDEATHSIG = 1
+DEFAULT_KILL_AFTER = 10.0
+PROCESS_GROUPS = ("auto", "new", "same")
+# Another thread's "look at job.abort() now" (see waker). Never used for alarm(): nothing here arms one.
+WAKE = _signal.SIGALRM
+_wake_was_blocked = False  # WAKE was blocked before waker() blocked it: the job inherits it blocked, as given
+
+
+class Job:
+    """What to run and how; no command-line options, no lock."""
+
+    __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose", "lock_fds", "watch",
+                 "abort", "valid_until")
+
+    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, new_group: bool = True,
+                 out_fd: int | None = None, time_limit: float | None = None,
+                 kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False,
+                 lock_fds: tuple[int, ...] | list[int] = (), watch: bool = True,
+                 abort: Callable[[], bool] | None = None,
+                 valid_until: Callable[[], float | None] | None = None) -> None:
+        self.argv = argv
+        self.env = env  # added to (or replacing entries of) our environment; None: ours unchanged
+        self.new_group = new_group  # the job leads its own process group (killed whole with us)
+        self.out_fd = out_fd  # the job's stdout and stderr; None: ours
+        self.time_limit = time_limit  # seconds the job may run, then SIGTERM; None: no limit
+        self.kill_after = kill_after  # seconds from that SIGTERM to SIGKILL
+        self.verbose = verbose  # say what happens, on stderr
+        # Descriptors whose open file descriptions carry the lock: the watcher keeps duplicates, so the
+        # lock outlives a killed hostlock until the job is gone. Never inherited by the job.
+        self.lock_fds = tuple(lock_fds)
+        # A watcher kills the job's tree if hostlock dies mid-job. False: only PR_SET_PDEATHSIG, which
+        # ends the job's first process alone (flock(1)'s behaviour, kept by `hostlock flock` by default).
+        self.watch = watch
+        # True once the job must stop (its fleet lock was lost): read when WAKE arrives (see waker), then
+        # SIGTERM, SIGKILL after kill_after, as for the time limit. None: nothing can abort the job.
+        self.abort = abort
+        # A lock without a descriptor (a fleet lock) tells until when it is surely held (CLOCK_BOOTTIME): we
+        # pass each new deadline on to the watcher, which kills the job if one passes without a later one
+        # while hostlock is stopped (the lease then ends with nobody left to stop the job). None: no deadline.
+        self.valid_until = valid_until
+
+    def tagged(self, tag: str) -> Job:
+        """This job with HOSTLOCK_JOB=tag added to its environment."""
+        job = Job(self.argv, env=dict(self.env or (), HOSTLOCK_JOB=tag), new_group=self.new_group,
+                  out_fd=self.out_fd, time_limit=self.time_limit, kill_after=self.kill_after,
+                  verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch, abort=self.abort,
+                  valid_until=self.valid_until)
+        return job
+
+
+def waker() -> Callable[[], None]:
+    """Block WAKE in this thread (the one that will supervise) and return `wake()`, which any thread may
+    call to make supervise() read the job's abort() at once.
+
+    Call it before the threads that will call wake() start (the fleet lock's keep-alive thread): they
+    inherit the blocked mask, so no SIGALRM's default action (death) can land in them, and a wake-up that
+    comes before supervise() waits stays pending for it. wake() targets this thread alone (pthread_kill).
+    """
+    global _wake_was_blocked
+    _wake_was_blocked = WAKE in _signal.pthread_sigmask(_signal.SIG_BLOCK, {WAKE})
+    ident = _thread.get_ident()
+
+    def wake() -> None:
+        try:
+            _signal.pthread_kill(ident, WAKE)
+        except OSError:  # ESRCH: the supervising thread is gone, nothing left to wake
+            pass
+
+    return wake
+
+
+class Signalled(BaseException):
+    """TERM, HUP or QUIT while waiting for a fleet lock: raised (as SIGINT raises KeyboardInterrupt) so the
+    wait unwinds and revokes its lease, and the waiter's key leaves the queue before hostlock exits."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+WAIT_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+
+
+def _signalled(signum: int, _frame: object) -> None:
+    raise Signalled(signum)
+
+
+def trap_wait_signals() -> dict:
+    """While a fleet lock is waited for: WAIT_SIGNALS raise Signalled instead of killing hostlock outright
+    (its key would stay in the queue for a whole TTL, and every waiter behind it wait that long). A signal
+    ignored at start (nohup) stays ignored. Returns what untrap() restores, before the job is started."""
+    old = {}
+    for sig in WAIT_SIGNALS:
+        if _signal.getsignal(sig) == _signal.SIG_DFL:
+            old[sig] = _signal.signal(sig, _signalled)
+    return old
+
+
+def untrap(old: dict | None) -> None:
+    for sig, handler in (old or {}).items():
+        _signal.signal(sig, handler)
+
+
+def new_group_for(mode: str) -> bool:
+    """--process-group MODE as a decision: auto = a group of its own unless we are a terminal's foreground
+    job (there the job must stay in the foreground group to read the terminal and get its Ctrl-C)."""
+    return mode == "new" or (mode == "auto" and not _in_terminal_foreground())
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl(2) as a callable, or None; made in the parent before fork so the child only calls it.
+
+    `_ctypes` directly: `import ctypes` costs ~4 ms more, and importing in the forked child costs more
+    than here (copy-on-write faults), on the path every `hostlock run` waits for.
+    """
+    try:
+        import _ctypes
+
+        class _Int(_ctypes._SimpleCData):
+            _type_ = "i"
+
+        class _Func(_ctypes.CFuncPtr):
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = _Int
+
+        class _Self:
+            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type] # dlopen(NULL): the main program; typeshed wants a path
+
+        return _Func(("prctl", _Self()))  # type: ignore[arg-type] # CFuncPtr reads only _handle: no CDLL needed
+    except Exception:
+        pass
+    try:  # the documented way, should the private one ever change
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except Exception:
+        return None
+
+
+def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int] | None, gate: int,
+                watched: bool) -> None:
+    """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
+    argv = job.argv
+    out_fd = job.out_fd
+    code = c.EX_OSERR
+    try:
+        if job.new_group:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            # With a watcher, freeze rather than die: a stopped job keeps its children attached (a dead one
+            # would orphan them to init, out of the watcher's reach), and the watcher kills them all.
+            prctl(_PR_SET_PDEATHSIG, _signal.SIGSTOP if watched else _signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
+            os._exit(c.EX_OSERR)
+        # Wait until hostlock has told the watcher our pid: EOF means hostlock died first, so never exec.
+        while True:
+            try:
+                opened = os.read(gate, 1)
+                break
+            except InterruptedError:
+                continue
+        if not opened:
+            os._exit(c.EX_OSERR)
+        os.close(gate)
+        if out_fd is not None:
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
+        # Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as subprocess
+        # restores them). A SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+        if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        if job.abort is not None and not _wake_was_blocked:
+            mask = mask - {WAKE}  # blocked by waker() for us, not the job
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+        execvp(argv, job.env)
+    except OSError as exc:
+        c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
+        code = c.EX_OSERR if exc.errno == _errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
+    except BaseException:  # never let the child fall back into the parent's code
+        pass
+    finally:
+        os._exit(code)
+
+
+def execvp(argv: list[str], env: dict[str, str] | None = None) -> None:
+    """execvp(3), with `env` added to our environment: search PATH like the shell (the job's own PATH).
+
+    os.execvp would import `warnings` (~1 ms) on every run.
+    """
+    file = argv[0]
+    environ: Mapping[str, str] = {**os.environ, **env} if env else os.environ
+    if "/" in file:
+        os.execve(file, argv, environ)
+    path = environ.get("PATH")
+    dirs = (path if path is not None else os.defpath).split(":")
+    first: OSError | None = None
+    for d in dirs:
+        try:
+            os.execve(os.path.join(d or ".", file), argv, environ)
+        except OSError as exc:
+            # Keep looking past "not here"; remember the first real reason (EACCES...), as execvp(3) does.
+            if exc.errno not in (_errno.ENOENT, _errno.ENOTDIR) and first is None:
+                first = exc
+    raise first or FileNotFoundError(_errno.ENOENT, os.strerror(_errno.ENOENT), file)
+
+
+def _in_terminal_foreground() -> bool:
+    """True when hostlock is the foreground job of its controlling terminal (an interactive shell)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return False  # no controlling terminal: cron, ssh without -t, systemd, ansible
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _start_watcher(lock_fds: tuple[int, ...]) -> tuple[int, int]:
+    """Fork the watcher; returns (our end of its pipe, its pid). See the module docstring for why.
+
+    hostlock writes the job's pid and a newline once the job is forked, for a fleet lock "v DEADLINE GRACE"
+    lines as the lease's deadline moves, and "x" when the job has ended; the watcher gets EOF without "x"
+    only when hostlock died, however (its last copy of the write end closes).
+    """
+    # Duplicates made before fork: the engine's fork hook closes the Lock's own descriptors in a child.
+    keep = [os.dup(fd) for fd in lock_fds]
+    try:
+        r, w = os.pipe()  # close-on-exec: the job never holds either end
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            raise
+        if pid == 0:
+            _watch(r, keep)
+    finally:
+        for fd in keep:
+            os.close(fd)
+    os.close(r)
+    return w, pid
+
+
+def _watch(r: int, keep: list[int]) -> None:
+    """The watcher process: wait for hostlock's news; if it dies mid-job, kill the job, then let go.
+
+    For a fleet lock, also if hostlock lets the lease's deadline pass without reporting a later one while
+    it is not running (stopped): see `Job.valid_until`.
+    """
+    parent = os.getppid()  # hostlock: while our pipe is open, it is alive, so this pid is still its
+    try:
+        os.setsid()  # out of hostlock's group and session, and without a controlling terminal (no SIGHUP)
+        # Hold nothing but the pipe and the lock: not our caller's pipes (`out=$(hostlock run ...)` would
+        # wait for us), not another lock of this process.
+        wanted = set(keep)
+        wanted.add(r)
+        try:
+            fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:  # no /proc: every possible descriptor (bounded: this is a fallback)
+            fds = list(range(min(os.sysconf("SC_OPEN_MAX"), 65536)))
+        for fd in fds:
+            if fd not in wanted:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        data = b""
+        first = b""  # "PID NEWGROUP TAG": the job is forked, not yet exec'd
+        job_stat = b""
+        deadline = None  # a fleet lock's "surely ours until" (CLOCK_BOOTTIME), as hostlock last reported it
+        grace = 0.0
+        deferred = False
+        while True:
+            if deadline is not None and not _readable_before(r, deadline):
+                # No later deadline came in time: hostlock is not keeping the lease alive. If it is running
+                # it knows (its lock is lost): it stops the job itself, SIGTERM then SIGKILL after its grace.
+                # Stopped (SIGSTOP, a debugger) or still there after that grace, it cannot: we kill the job
+                # now, before etcd can give the lock to anyone else.
+                if not deferred and _running(parent):
+                    deferred = True
+                    deadline = _boottime() + grace + 1.0
+                    continue
+                break
+            try:
+                chunk = os.read(r, 4096)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break  # hostlock died
+            data += chunk
+            if data.endswith(b"x"):
+                return  # the job ended under hostlock's eye: nothing to do
+            while b"\n" in data:
+                line, data = data.split(b"\n", 1)
+                if not first:
+                    first = line
+                    job_stat = _read_stat(int(line.split()[0]))  # its start time: proof against pid reuse
+                elif line.startswith(b"v "):  # "v DEADLINE GRACE": the lease was renewed up to DEADLINE
+                    words = line.split()
+                    deadline, grace, deferred = float(words[1]), float(words[2]), False
+        if first:
+            from .jobkill import kill_job
+
+            words = first.split()
+            job, group = int(words[0]), words[1] == b"1"
+            try:
+                kill_job(job, group, job_stat, words[2] if len(words) > 2 else b"")
+            except BaseException:  # e.g. the library was removed under us: the cruder kill beats none
+                os.killpg(job, _signal.SIGKILL) if group else os.kill(job, _signal.SIGKILL)
+    except BaseException:
+        pass
+    finally:
+        os._exit(0)  # only now does the lock's last descriptor close
+
+
+def _boottime() -> float:
+    """CLOCK_BOOTTIME, the fleet engine's clock (it counts the time a stopped process did not run)."""
+    from ..core.clock import boottime
+
+    return boottime()
+
+
+def _readable_before(fd: int, deadline: float) -> bool:
+    """Whether `fd` has data (or EOF) before CLOCK_BOOTTIME `deadline`."""
+    import select  # a fleet lock's watcher only
+
+    while True:
+        left = deadline - _boottime()
+        if left <= 0:
+            return bool(select.select([fd], [], [], 0)[0])
+        try:
+            return bool(select.select([fd], [], [], left)[0])
+        except InterruptedError:
+            continue
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is there and not stopped or traced (state T or t in /proc/PID/stat)."""
+    stat = _read_stat(pid)
+    try:
+        state = stat.rsplit(b")", 1)[1].split()[0]
+    except IndexError:
+        return False
+    return state not in (b"T", b"t", b"Z", b"X")
+
+
+def _read_stat(pid: int) -> bytes:
+    try:
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1024)
+    finally:
+        os.close(fd)
+
+
+class Outcome:
+    """How the job ended."""
+
+    __slots__ = ("status", "timed_out", "elapsed", "pid", "tty_sigint", "aborted")
+
+    def __init__(self, status: int, timed_out: bool, elapsed: float, pid: int, tty_sigint: bool,
+                 aborted: bool = False) -> None:
+        self.status = status  # raw wait status
+        self.timed_out = timed_out
+        self.aborted = aborted  # job.abort() said stop (a lost fleet lock): the job was sent SIGTERM
+        self.elapsed = elapsed
+        self.pid = pid
+        self.tty_sigint = tty_sigint  # a keyboard SIGINT reached us (and the job) from the terminal
+
+    def exit_code(self) -> int:
+        """flock(1)'s convention: the job's status, 128+N for signal N; 124 after --time-limit."""
+        if self.timed_out:
+            return c.EX_TIMEOUT
+        if os.WIFSIGNALED(self.status):
+            return 128 + os.WTERMSIG(self.status)
+        return os.WEXITSTATUS(self.status)
+
+    def describe(self) -> str:
+        """'exit status 3', 'killed by signal 9 (SIGKILL)', 'timed out ...' for messages."""
+        if os.WIFSIGNALED(self.status):
+            sig = os.WTERMSIG(self.status)
+            what = "killed by signal %d (%s)" % (sig, _signame(sig))
+        else:
+            what = "exit status %d" % os.WEXITSTATUS(self.status)
+        if self.timed_out:
+            what = "timed out, %s" % what
+        if self.aborted:
+            what = "stopped, %s" % what
+        return "%s after %s" % (what, c.format_span(self.elapsed))
+
+
+def _signame(sig: int) -> str:
+    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL", "SIGSEGV",
+                 "SIGABRT", "SIGPIPE", "SIGALRM", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGXCPU"):
+        if getattr(_signal, name, None) == sig:
+            return name
+    return "SIG%d" % sig
+
+
+def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcome:
+    """Fork and exec the job, forward signals, enforce its time limit, reap it.
+
+    `on_start(pid)` runs once the job is forked (e.g. to record its pid in the owner record). The caller
+    holds the lock throughout.
+    """
+    argv = job.argv
+    new_group = job.new_group
+    verbose = job.verbose
+    prctl = _prctl()
+    if prctl is None and verbose:
+        c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
+    parent = os.getpid()
+    old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
+    started = time.monotonic()
+    watcher = -1
+    gate_r = gate_w = -1
+    tag = ""
+    try:
+        try:
+            if job.watch:
+                watcher = _start_watcher(job.lock_fds)[0]
+                # Every process the job starts inherits this tag, wherever it goes (setsid, double fork):
+                # the watcher finds them by it in /proc/PID/environ if it must kill the job.
+                tag = "%d.%d" % (parent, time.monotonic_ns())
+                job = job.tagged(tag)
+        except OSError as exc:
+            if verbose:
+                c.say("no watcher process (%s): if hostlock is killed only the job's first process dies"
+                      % exc.strerror)
+        gate_r, gate_w = os.pipe()
+        pid = os.fork()
+    except OSError:
+        for fd in (watcher, gate_r, gate_w):
+            if fd >= 0:
+                os.close(fd)
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+        raise
+    if pid == 0:
+        os.close(gate_w)
+        if watcher >= 0:
+            os.close(watcher)  # only hostlock's death may close the watcher's pipe
+        _exec_child(job, parent, old_mask, prctl, gate_r, watcher >= 0)
+    os.close(gate_r)
+    if new_group:
+        try:
+            os.setpgid(pid, pid)  # also here: no window where a forwarded signal misses the new group
+        except OSError:
+            pass  # EACCES: the child already exec'd, after its own setpgid
+    valid_until = job.valid_until if watcher >= 0 else None
+    told = None  # the deadline the watcher knows
+
+    def tell() -> float | None:
+        """Pass the lock's current deadline on to the watcher; returns when to do it again (monotonic)."""
+        nonlocal valid_until, told
+        until = valid_until() if valid_until is not None else None
+        if until is None:
+            return None
+        if until != told:
+            try:
+                os.write(watcher, b"v %.6f %.3f\n" % (until, job.kill_after))
+            except OSError:  # the watcher is gone (it killed the job: we learn it from waitpid)
+                valid_until = None
+                return None
+            told = until
+        # Well before the deadline the watcher knows: a renewal moves it every TTL/4 or so.
+        return time.monotonic() + min(1.0, max(0.05, (until - _boottime()) / 4))
+
+    if watcher >= 0:
+        try:
+            os.write(watcher, ("%d %d %s\n" % (pid, new_group, tag)).encode())
+        except OSError:
+            pass
+    try:
+        os.write(gate_w, b"g")  # the watcher knows the job: it may exec now
+    except OSError:
+        pass  # EPIPE: the child is already gone (killed from outside); waitpid tells how
+    os.close(gate_w)
+    beat = tell() if valid_until is not None else None
+    if on_start is not None:
+        on_start(pid)
+    if verbose:
+        c.say("job started: pid %d%s: %s" % (pid, ", own process group" if new_group else "",
+                                             c.join_command(argv)))
+
+    def send(sig: int) -> None:
+        try:
+            if new_group:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+        except OSError:
+            pass
+
+    abort = job.abort
+    waited = _WAITED | {WAKE} if abort is not None else _WAITED  # WAKE: blocked since waker()
+    deadline = started + job.time_limit if job.time_limit is not None else None
+    timed_out = False
+    aborted = False
+    terminated = False  # SIGTERM sent (time limit or abort): the deadline is now SIGKILL's
+    killed = False
+    tty_sigint = False
+    status = 0
+
+    def terminate(why: str) -> float:
+        """SIGTERM now (and SIGCONT: a stopped job must wake up to die); returns SIGKILL's deadline."""
+        if verbose:
+            c.say("%s: sending SIGTERM" % why)
+        send(_signal.SIGTERM)
+        send(_signal.SIGCONT)
+        return time.monotonic() + job.kill_after
+
+    try:
+        while True:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # cannot happen unless someone reaped it for us
+                break
+            if done == pid:
+                break
+            stop_at = None
+            if not terminated and abort is not None and job.valid_until is not None:
+                # A fleet lock: SIGTERM kill_after before the lease could end, so the SIGKILL that follows
+                # lands before etcd can hand the lock on (the deadline is the holder's own: last answered
+                # keep-alive + TTL - margin, earlier than etcd's expiry). A job never outlives its lock.
+                until = job.valid_until()
+                if until is not None:
+                    left = until - job.kill_after - _boottime()
+                    if left <= 0:
+                        aborted = terminated = True
+                        deadline = terminate("the lock's lease may end within --kill-after: the job must stop")
+                        continue
+                    stop_at = time.monotonic() + left
+            wake_at = deadline if beat is None else beat if deadline is None else min(deadline, beat)
+            if stop_at is not None:
+                wake_at = stop_at if wake_at is None else min(wake_at, stop_at)
+            if wake_at is None:
+                info = _signal.sigwaitinfo(waited)
+            else:
+                info = _signal.sigtimedwait(waited, max(0.0, wake_at - time.monotonic()))
+            if info is None and beat is not None and time.monotonic() >= beat:
+                beat = tell()
+                if deadline is None or time.monotonic() < deadline:
+                    continue
+            if info is None and stop_at is not None and (deadline is None or time.monotonic() < deadline):
+                continue  # the lease's stop time (or near it): checked again at the top
+            if info is None:  # the deadline passed
+                if not terminated:
+                    timed_out = terminated = True
+                    deadline = terminate("job ran longer than %s" % c.format_span(job.time_limit or 0))
+                elif not killed:
+                    killed = True
+                    if verbose:
+                        c.say("job still running %s after SIGTERM: sending SIGKILL" % c.format_span(job.kill_after))
+                    send(_signal.SIGKILL)
+                    deadline = None
+                continue
+            sig = info.si_signo
+            if sig == _signal.SIGCHLD:
+                continue
+            if sig == WAKE:  # from waker()'s wake(), or a stray SIGALRM: abort() decides, never the signal
+                if abort is not None and not aborted and abort():
+                    aborted = True
+                    if not terminated:  # after a time limit's SIGTERM, its SIGKILL deadline stands
+                        terminated = True
+                        deadline = terminate("the job must stop (its lock is lost)")
+                continue
+            if not new_group and info.si_code == _SI_KERNEL:
+                # From our terminal: the job is in our process group and got this very signal already.
+                if sig == _signal.SIGINT:
+                    tty_sigint = True
+                continue
+            sender = info.si_pid
+            if sender and (sender == pid or (new_group and _pgid(sender) == pid)):
+                continue  # sent by the job itself: forwarding it back could ping-pong forever
+            if verbose:
+                c.say("forwarding %s to the job" % _signame(sig))
+            send(sig)
+    finally:
+        if watcher >= 0:
+            try:
+                os.write(watcher, b"x")
+            except OSError:
+                pass
+            os.close(watcher)
+        # Signals that came after the job ended were meant for it, not for us: drop them, then restore
+        # the mask (for callers of main() in a process that goes on).
+        while _signal.sigtimedwait(waited, 0) is not None:
+            pass
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+    return Outcome(status, timed_out, time.monotonic() - started, pid, tty_sigint, aborted)
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return -1
+
+
+def die_like(outcome: Outcome) -> None:
+    """If the terminal's Ctrl-C killed the job, die of SIGINT too, so a calling shell loop stops.
+
+    This is the "wait and cooperative exit" convention shells rely on (bash continues a loop when its
+    child *exits* 130, and stops when it is *killed* by SIGINT). Only for a keyboard SIGINT that reached
+    hostlock and the job alike; every other case exits with 128+N like flock(1).
+    """
+    if not (outcome.tty_sigint and os.WIFSIGNALED(outcome.status)
+            and os.WTERMSIG(outcome.status) == _signal.SIGINT):
+        return
+    if sys.stdout is not None:  # None when stdout was closed at start-up
+        try:
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
+    os.kill(os.getpid(), _signal.SIGINT)

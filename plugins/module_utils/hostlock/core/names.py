@@ -1,0 +1,123 @@
+"""Lock names and durations: validated once, at the edge, so paths built from them are always safe."""
+
+from __future__ import annotations
+
+import _thread
+import math
+
+from .errors import InvalidDuration, InvalidName
+
+MAX_NAME_LENGTH = 100
+_FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_REST = _FIRST | frozenset(".+@-")
+NAME_RULE = "1-100 characters from A-Z a-z 0-9 _ . + @ -, not starting with . + @ or -"
+
+
+def validate_name(name: object) -> str:
+    """Return `name` if it is a safe lock name; the rule keeps names usable as file names ('/', '..', NUL)."""
+    if not isinstance(name, str):
+        raise InvalidName("lock name must be a string, got %s" % type(name).__name__)
+    if not name:
+        raise InvalidName("lock name is empty: use " + NAME_RULE)
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidName("lock name is %d characters long: use %s" % (len(name), NAME_RULE))
+    if name[0] not in _FIRST or not all(c in _REST for c in name):
+        bad = next((c for c in name if c not in _REST), name[0])
+        raise InvalidName("invalid lock name %r (character %r): use %s" % (name, bad, NAME_RULE))
+    return name
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d"
+
+# The longest duration hostlock accepts anywhere (leases, timeouts, --kill-after): the longest single wait
+# every primitive we sleep in can honour in one call. poll()/epoll_wait() take an int of milliseconds
+# (2**31-1 ms, 24.8 days; Python raises OverflowError past it), the tightest limit; thread-lock waits
+# (threading.TIMEOUT_MAX, 292 years on Linux), sigtimedwait()'s timespec and time_t all reach further.
+# Node's setTimeout has the same ceiling. Longer needs are served by renewing a lease or waiting forever.
+MAX_DURATION: float = min((2**31 - 1) / 1000.0, _thread.TIMEOUT_MAX)
+_LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, math.floor(MAX_DURATION / 8640) / 10)  # 24.8: never over
+
+
+def check_duration(value: object, what: str = "duration", *, positive: bool = False,
+                   limit: float = MAX_DURATION) -> float:
+    """`value` as float seconds if finite, >= 0 (> 0 if `positive`) and at most `limit` (MAX_DURATION).
+
+    The one check behind parse_duration, hold()/renew() leases and Lock.acquire(timeout=): refusing what
+    the platform cannot honour beats accepting it and failing (or silently giving up) later.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidDuration("%s must be a number of seconds, not %r" % (what, value))
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too big for a float
+        seconds = math.inf
+    if math.isnan(seconds) or seconds < 0 or (positive and seconds == 0):
+        raise InvalidDuration("invalid %s %r: must be a number of seconds %s" % (what, value, "> 0" if positive
+                                                                                 else ">= 0"))
+    if seconds > limit:
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, value, _limit_text(limit)))
+    return seconds
+
+
+def _limit_text(limit: float) -> str:
+    return _LIMIT_TEXT if limit == MAX_DURATION else "%.0f days" % (limit / 86400)
+
+
+def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_DURATION,
+                   positive: bool = False) -> float:
+    """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w.
+
+    Refuses NaN, infinities, negatives (and 0 if `positive`: a lease) and anything over `limit`
+    (InvalidDuration, a ValueError). The default limit is what every wait can honour; an age (gc's
+    --older-than) is no wait and may be longer.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return check_duration(text, what, limit=limit, positive=positive)
+    if not isinstance(text, str) or not text.strip() or not text.isascii() or "_" in text:
+        # float() reads any script's digits ('1\u0663' is 13.0) and '1_0' as 10: a duration is written in
+        # plain ASCII, as strtod() reads it for flock -w, or refused.
+        raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = _with_units(text, what)
+    if math.isnan(value) or value < 0 or (positive and value == 0):
+        raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
+                              % (what, text, "> 0" if positive else ">= 0"))
+    if value > limit:
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
+    return value
+
+
+def _with_units(text: str, what: str = "duration") -> float:
+    s = text.strip().lower()
+    value, number, i = 0.0, "", 0
+    while i < len(s):
+        c = s[i]
+        if c.isdigit() or c == ".":
+            number += c
+            i += 1
+            continue
+        unit = "ms" if s.startswith("ms", i) else c
+        if unit not in _UNITS or not number:
+            raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
+        try:
+            value += float(number) * _UNITS[unit]
+        except ValueError:
+            raise InvalidDuration("invalid %s %r: bad number %r" % (what, text, number)) from None
+        number, i = "", i + len(unit)
+    if number:
+        raise InvalidDuration("invalid %s %r: number %r has no unit" % (what, text, number))
+    return value
+
+
+def parse_count(text: object, what: str, high: int) -> int:
+    """A whole number from 1 to `high`, written in plain ASCII digits: no sign, space, '_' or other script.
+
+    int() reads ' 3', '1_0' (as 10) and '\u0663' (as 3): a count is what a person types, or refused, as a
+    duration is (parse_duration).
+    """
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or not 1 <= int(text) <= high:
+        raise ValueError("invalid %s %r: use a whole number from 1 to %d" % (what, text, high))
+    return int(text)

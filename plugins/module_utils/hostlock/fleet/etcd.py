@@ -1,0 +1,786 @@
+"""A small etcd v3 client over its documented JSON gateway (/v3/...), standard library only.
+
+The CLI runs on hosts that have only Python 3.8+, so no gRPC and no third-party client: unary calls and
+watches go over plain sockets with the little HTTP/1.1 they need (`_Conn`: one kept-alive connection per
+member and caller; `Watch`: the chunked stream of newline-delimited JSON), so that every read has a deadline
+and the command line never imports http.client (and with it the `email` package).
+
+Mistakes in the URL fail at once with FleetConfigError naming the file or the scheme: a TLS file missing,
+unreadable or not PEM; etcd:// to a TLS member or etcds:// to a plain one (found by asking the member once
+in the other protocol when it ends a fresh connection without a word).
+
+Every call carries the caller's deadline (time.monotonic()): a member that does not answer is given up at the
+deadline, never later. A member that refuses (connection refused or reset, HTTP 503 "no leader", a read that
+times out) is skipped for the next one in the URL; when every member failed, the calls are retried with
+backoff until the deadline, then FleetUnavailable names the members and the last error. (When the leader dies,
+a request in flight to a follower blocks ~6 s and then gets HTTP 503: that is why each attempt's socket
+timeout is only part of what is left.)
+"""
+
+from __future__ import annotations
+
+import _socket
+import _thread
+import binascii
+import select
+import sys
+import time
+
+from ..core.clock import boottime
+from ..core.errors import FleetConfigError, FleetUnavailable, HostlockError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    import socket
+    import ssl
+
+    from .url import FleetURL
+
+MIN_TRY = 2.0  # seconds any one operation may take even with a deadline already past (timeout=0 still asks)
+ATTEMPT = 2.5  # at most this long on one member before trying the next (a follower cut off from a dead
+# leader holds a request ~6 s before its 503: we ask another member sooner)
+# gRPC codes the gateway returns in {"code": N}: these mean "ask again, maybe elsewhere".
+_RETRY_CODES = frozenset((1, 4, 14))  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (no leader, stopping)
+_AUTH_CODES = frozenset((7, 16))  # PERMISSION_DENIED, UNAUTHENTICATED
+NOT_FOUND = 5
+
+
+def b64(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return binascii.a2b_base64(text) if text else b""
+
+
+# JSON through CPython's C accelerator directly: the `json` package imports `re` (and `base64` did too),
+# a few ms of every `hostlock run --fleet` start. Bodies are dicts of str/int/bool/lists, nothing else.
+try:
+    import _json
+
+    class _Context:
+        """What _json.make_scanner reads of json.JSONDecoder: strict JSON, plain dicts and numbers."""
+
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = float  # NaN, Infinity: etcd sends none
+        memo: dict = {}
+
+    _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
+    _quote = _json.encode_basestring_ascii
+except (ImportError, AttributeError):  # pragma: no cover - an interpreter without the accelerator
+    import json as _pyjson
+
+    _scan = _pyjson.JSONDecoder().scan_once  # type: ignore[attr-defined]
+    _quote = _pyjson.encoder.encode_basestring_ascii
+
+_SPACE = " \t\n\r"
+
+
+def loads(text: str) -> object:
+    """json.loads for the gateway's answers; ValueError when `text` is not one JSON value."""
+    i = len(text) - len(text.lstrip(_SPACE))
+    try:
+        value, end = _scan(text, i)
+    except StopIteration:
+        raise ValueError("not JSON") from None
+    if text[end:].strip(_SPACE):
+        raise ValueError("extra data after JSON")
+    return value
+
+
+def dumps(value: object) -> str:
+    """Compact JSON of a request body (str keys; str, int, bool, None, lists and dicts as values)."""
+    if isinstance(value, str):
+        return _quote(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, dict):
+        return "{%s}" % ",".join("%s:%s" % (_quote(str(k)), dumps(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return "[%s]" % ",".join(dumps(v) for v in value)
+    raise TypeError("cannot send %r as JSON" % (value,))
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The range_end that selects every key starting with `prefix` (last byte + 1, as etcd's clientv3)."""
+    p = bytearray(prefix)
+    while p:
+        if p[-1] < 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return b"\0"
+
+
+class EtcdError(HostlockError):
+    """etcd answered, and refused the request (not found, compare failed, bad request); `code` is gRPC's."""
+
+    def __init__(self, message: str, *, code: int = 0, path: str | None = None,
+                 directory: str | None = None, errno: int | None = None) -> None:
+        super().__init__(message, path=path, directory=directory, errno=errno)
+        self.code = code
+
+
+class _Retry(Exception):
+    """This member cannot serve the request now; try the next one."""
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
+class Client:
+    """The gateway of one cluster: unary calls with failover, and watches. Safe to share between threads."""
+
+    def __init__(self, url: FleetURL) -> None:
+        self.url = url
+        self.endpoints = list(url.endpoints)
+        self._ssl: ssl.SSLContext | None = None
+        self._mutex = _thread.allocate_lock()
+        self._idle: list = []  # (member index, _Conn) ready for reuse
+        self._next = 0  # the member that answered last: asked first
+        self._token: str | None = None
+        self._token_for: str | None = None  # the token the last auth failure was seen with
+
+    @property
+    def answering(self) -> int:
+        """The index of the member that answered the last call: calls ask it first, watches open there."""
+        return self._next
+
+    # -- connections --------------------------------------------------------------------------------------
+    def _context(self) -> ssl.SSLContext:
+        """The TLS context of etcds://, its files checked first: a file missing, unreadable or not PEM is a
+        configuration mistake (FleetConfigError naming the file), never retried as if the member were down."""
+        if self._ssl is None:
+            import ssl
+
+            url = self.url
+            for what, path in (("cacert", url.cacert), ("cert", url.cert), ("key", url.key)):
+                if path is not None:
+                    _readable(what, path)
+            try:
+                ctx = ssl.create_default_context(cafile=url.cacert)
+            except (ssl.SSLError, ValueError) as e:
+                raise FleetConfigError("fleet TLS: cacert file %s holds no usable CA certificate (%s)"
+                                       % (url.cacert, _ssl_reason(e))) from None
+            if url.cert:
+                try:
+                    ctx.load_cert_chain(url.cert, url.key)
+                except (ssl.SSLError, ValueError) as e:
+                    raise FleetConfigError("fleet TLS: cert file %s and key file %s are not a certificate and "
+                                           "its private key in PEM (%s)" % (url.cert, url.key, _ssl_reason(e))
+                                           ) from None
+            self._ssl = ctx
+        return self._ssl
+
+    def _open(self, i: int, timeout: float) -> socket.socket:
+        """A new connection to member i (TLS for etcds://), blocking with `timeout` per operation.
+
+        A member that ends the connection before saying anything is asked once in the other protocol: a TLS
+        member reached with etcd:// (it closes on plain HTTP) or a plain one reached with etcds:// (it resets
+        on a TLS hello) is a mistake in the URL (FleetConfigError), not a member that is down."""
+        host, port = self.endpoints[i]
+        ctx = self._context() if self.url.tls else None  # its files first: a mistake there needs no network
+        sock = _connect(host, port, timeout)
+        try:
+            # Requests are one small write each; without this, Nagle would hold a pipelined one back.
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            if ctx is not None:
+                try:
+                    return ctx.wrap_socket(sock, server_hostname=host)
+                except (ConnectionResetError, BrokenPipeError) as e:
+                    self._diagnose(i, e, timeout)
+                    raise
+                except OSError as e:
+                    if type(e).__name__ in ("SSLEOFError", "SSLZeroReturnError") or _ssl_reason(e) in (
+                            "WRONG_VERSION_NUMBER", "UNEXPECTED_EOF_WHILE_READING", "HTTP_REQUEST"):
+                        self._diagnose(i, e, timeout)
+                    raise
+            return sock
+        except BaseException:
+            sock.close()
+            raise
+
+    def _diagnose(self, i: int, e: BaseException, timeout: float) -> None:
+        """Member i ended a fresh connection before answering: FleetConfigError when it speaks the other
+        protocol (asked once, within `timeout`); returns when it does not (then `e` is what it is)."""
+        host, port = self.endpoints[i]
+        member = _member(self.endpoints[i])
+        import ssl  # before _connect: the TLS probe needs a socket.socket (an error path only)
+
+        try:
+            probe = _connect(host, port, min(timeout, ATTEMPT))
+            try:
+                if self.url.tls:
+                    probe.sendall(b"GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                                  % member.encode("ascii"))
+                    answer = probe.recv(5)
+                    if answer.startswith(b"HTTP/"):
+                        raise FleetConfigError("fleet %s: member %s speaks plain HTTP, not TLS: use etcd://, "
+                                               "not etcds://" % (self.url.members, member)) from None
+                    return
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE  # only asks "is this TLS?": nothing is sent over it
+                try:
+                    ctx.wrap_socket(probe, server_hostname=host).close()
+                except ssl.SSLError as tls:
+                    if isinstance(tls, (ssl.SSLEOFError, ssl.SSLZeroReturnError)) or \
+                            _ssl_reason(tls) == "WRONG_VERSION_NUMBER":
+                        return
+                raise FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), "
+                                       "not etcd://" % (self.url.members, member)) from None
+            finally:
+                probe.close()
+        except OSError:
+            return
+
+    def _not_http(self, i: int, first: bytes) -> FleetConfigError:
+        member = _member(self.endpoints[i])
+        if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":  # a TLS record: alert or handshake
+            return FleetConfigError("fleet %s: member %s speaks TLS: use etcds:// (with ?cacert=FILE), not "
+                                    "etcd://" % (self.url.members, member))
+        return FleetConfigError("fleet %s: member %s does not answer HTTP (it sent %r): is that etcd's client "
+                                "port (2379 by default)?" % (self.url.members, member, first[:24]))
+
+    def _conn(self, i: int, timeout: float) -> tuple[_Conn, bool]:
+        """A kept-alive connection to member i if one is idle, else a new one; (connection, reused)."""
+        with self._mutex:
+            for k, (j, conn) in enumerate(self._idle):
+                if j == i:
+                    del self._idle[k]
+                    return conn, True
+        return _Conn(self._open(i, timeout)), False
+
+    def _keep(self, i: int, conn: _Conn) -> None:
+        with self._mutex:
+            if len(self._idle) < 8:
+                self._idle.append((i, conn))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._mutex:
+            idle, self._idle = self._idle, []
+        for _i, conn in idle:
+            conn.close()
+
+    def forget(self) -> None:
+        """After fork, in the child: drop the parent's connections without touching them."""
+        self._idle = []
+        self._mutex = _thread.allocate_lock()
+
+    # -- unary calls --------------------------------------------------------------------------------------
+    def _head(self, i: int, path: str, length: int) -> bytes:
+        host, port = self.endpoints[i]
+        head = "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % (
+            path, _member((host, port)), length)
+        if self._token:
+            head += "Authorization: %s\r\n" % self._token
+        return (head + "\r\n").encode("latin-1")
+
+    def _post(self, i: int, path: str, payload: bytes, timeout: float) -> tuple[int, dict]:
+        """One request to member i: (HTTP status, JSON body). OSError when it fails."""
+        conn, reused = self._conn(i, timeout)
+        try:
+            try:
+                status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+            except (_Silent, ConnectionResetError, BrokenPipeError) as e:
+                conn.close()
+                if reused:
+                    # A kept-alive connection the member closed while idle: the request never reached it.
+                    conn, reused = _Conn(self._open(i, timeout)), False
+                    try:
+                        status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+                    except (_Silent, ConnectionResetError) as again:
+                        self._diagnose(i, again, timeout)
+                        raise
+                else:
+                    self._diagnose(i, e, timeout)
+                    raise
+        except _NotHTTP as e:
+            conn.close()
+            raise self._not_http(i, e.first) from None
+        except BaseException:
+            conn.close()
+            raise
+        if close:
+            conn.close()
+        else:
+            self._keep(i, conn)
+        try:
+            body = loads(data.decode("utf-8")) if data else {}
+        except ValueError:
+            # Not the gateway's JSON: a proxy's error page (5xx: ask again), or not etcd's v3 API at all.
+            body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status >= 500 else 2,
+                    "raw": True}
+        return status, body if isinstance(body, dict) else {}
+
+    def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
+             sent: list | None = None) -> dict:
+        """POST `body` to /v3/`path`; the reply as a dict. FleetUnavailable when no member serves it by the
+        deadline (at least `min_try` from now); EtcdError when etcd answers with a refusal. One member gets
+        at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
+        attempt that succeeded was sent (a lease's TTL runs from after that moment)."""
+        payload = dumps(body).encode("utf-8")
+        deadline = max(deadline, monotonic() + min_try)
+        last = "no member tried"
+        delay = 0.02
+        authed = False
+        while True:
+            n = len(self.endpoints)
+            transient = 0
+            for k in range(n):
+                i = (self._next + k) % n
+                left = deadline - monotonic()
+                if left <= 0:
+                    break
+                try:
+                    if self.url.user and self._token is None:
+                        self._authenticate(i, deadline)
+                    if sent is not None:
+                        sent[:] = [boottime()]
+                    status, reply = self._post(i, "/v3/" + path, payload, min(left, attempt))
+                    code = _code(reply)
+                    if status == 200 and code is None:
+                        self._next = i
+                        return reply
+                    message = _message(reply) or "HTTP %d" % status
+                    if status == 404 and reply.get("raw"):
+                        raise FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP 404 for /v3/%s): "
+                                               "is that etcd's client port (2379 by default, not the peer port "
+                                               "2380), etcd 3.4 or later?" % (self.url.members,
+                                                                              _member(self.endpoints[i]), path))
+                    if status == 503 or code in _RETRY_CODES:
+                        raise _Retry(message)
+                    if code in _AUTH_CODES or status == 401 or "user name is empty" in message:
+                        if self.url.user and not authed and "auth token" in message:
+                            # Simple tokens expire (--auth-token-ttl, 300 s idle): log in again, once.
+                            self._token, authed = None, True
+                            raise _Retry(message)
+                        if "user name is empty" in message:
+                            message = "authentication required: give a user (etcd://USER@host)"
+                        raise self._unavailable("etcd refused access (%s)" % message)
+                    raise EtcdError("etcd refused %s: %s" % (path, message), code=code or 0)
+                except _Retry as e:
+                    transient += 1
+                    last = "%s: %s" % (_member(self.endpoints[i]), e)
+                except OSError as e:
+                    transient += not _permanent(e)
+                    last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
+            left = deadline - monotonic()
+            if left <= 0 or not transient:
+                raise self._unavailable("etcd unreachable (%s)" % last)
+            time.sleep(min(delay, left))  # every member failed just now: back off before the next round
+            delay = min(delay * 2, 0.5)
+
+    def _unavailable(self, why: str) -> FleetUnavailable:
+        return FleetUnavailable("fleet %s: %s" % (self.url.members, why), endpoints=self.url.members)
+
+    def _authenticate(self, i: int, deadline: float) -> None:
+        password = self.url.password
+        if password is None:
+            raise FleetConfigError("fleet %s: user %r needs a password: give --fleet-password-file FILE, or set "
+                                   "$HOSTLOCK_FLEET_PASSWORD_FILE or $HOSTLOCK_FLEET_PASSWORD"
+                                   % (self.url.members, self.url.user))
+        payload = dumps({"name": self.url.user, "password": password}).encode("utf-8")
+        status, reply = self._post(i, "/v3/auth/authenticate", payload,
+                                   max(0.001, min(deadline - monotonic(), ATTEMPT)))
+        token = reply.get("token")
+        if status == 200 and isinstance(token, str) and token:
+            self._token = token
+            return
+        message = _message(reply) or "HTTP %d" % status
+        if status == 503 or _code(reply) in _RETRY_CODES:
+            raise _Retry(message)
+        raise self._unavailable("etcd refused user %r (%s)" % (self.url.user, message))
+
+    # -- watches ------------------------------------------------------------------------------------------
+    def watch(self, key: bytes, range_end: bytes | None, start_revision: int, deadline: float,
+              filters: tuple = ("NOPUT",), wake: tuple = (), min_try: float = MIN_TRY) -> Watch:
+        """A watch stream on key (or [key, range_end)) from start_revision, created by the deadline (at least
+        `min_try` from now: the keep-alive thread gives 0, its next keep-alive must not wait for a watch)."""
+        req: dict = {"key": b64(key), "start_revision": str(start_revision)}
+        if range_end is not None:
+            req["range_end"] = b64(range_end)
+        if filters:
+            req["filters"] = list(filters)
+        payload = dumps({"create_request": req}).encode("utf-8")
+        deadline = max(deadline, monotonic() + min_try)
+        last = "no member tried"
+        delay = 0.02
+        while True:
+            n = len(self.endpoints)
+            transient = 0
+            for k in range(n):
+                i = (self._next + k) % n
+                if deadline - monotonic() <= 0:
+                    break
+                w = Watch(self, i, wake)
+                try:
+                    if self.url.user and self._token is None:
+                        self._authenticate(i, deadline)
+                    w.open(payload, deadline)
+                    return w
+                except _Retry as e:
+                    w.close()
+                    transient += 1
+                    last = "%s: %s" % (_member(self.endpoints[i]), e)
+                except (OSError, ValueError) as e:
+                    w.close()
+                    transient += not _permanent(e)
+                    last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
+                except BaseException:
+                    w.close()
+                    raise
+            left = deadline - monotonic()
+            if left <= 0 or not transient:
+                raise self._unavailable("etcd unreachable for a watch (%s)" % last)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.5)
+
+
+class _Silent(ConnectionError):
+    """The member closed a connection before any byte of an answer."""
+
+
+class _NotHTTP(ConnectionError):
+    """What answered is not HTTP (a TLS record, an SSH banner): a mistake in the URL, not a member down."""
+
+    def __init__(self, first: bytes) -> None:
+        super().__init__("not an HTTP answer")
+        self.first = first
+
+
+class _Conn:
+    """One HTTP/1.1 connection to a member, kept alive between requests.
+
+    Just what the gateway needs (a POST with Content-Length; an answer with Content-Length, chunked, or up
+    to the close) over the socket: http.client would cost the CLI its `email` package at every start."""
+
+    __slots__ = ("sock", "buf")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def _more(self, end: float, started: bool) -> bool:
+        """Read more into buf; False at the end of the stream. _socket.timeout when `end` passed."""
+        left = end - monotonic()
+        if left <= 0:
+            raise _socket.timeout("timed out")
+        self.sock.settimeout(left)
+        data = self.sock.recv(65536)
+        if not data:
+            if not started:
+                raise _Silent("connection closed without an answer")
+            return False
+        self.buf += data
+        return True
+
+    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
+        """Send one request, read its answer: (status, body, whether the connection must be closed)."""
+        end = monotonic() + timeout
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+        self.buf = b""
+        while True:
+            while b"\r\n\r\n" not in self.buf:
+                more = self._more(end, bool(self.buf))
+                if not b"HTTP/".startswith(self.buf[:5]):
+                    raise _NotHTTP(self.buf[:40])
+                if not more:
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+            lines = head.decode("latin-1").split("\r\n")
+            status_line = lines[0].split(None, 2)
+            if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
+                raise _NotHTTP(head[:40])
+            status = int(status_line[1])
+            if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+                continue
+            break
+        fields = {}
+        for line in lines[1:]:
+            k, _colon, v = line.partition(":")
+            fields[k.strip().lower()] = v.strip()
+        close = status_line[0] == "HTTP/1.0" or fields.get("connection", "").lower() == "close"
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            return status, self._chunked(end), close
+        if "content-length" in fields:
+            try:
+                n = int(fields["content-length"])
+            except ValueError:
+                raise ConnectionResetError("bad Content-Length") from None
+            while len(self.buf) < n:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            body, self.buf = self.buf[:n], self.buf[n:]
+            return status, body, close
+        while self._more(end, True):  # neither: the body runs to the close
+            pass
+        return status, self.buf, True
+
+    def _chunked(self, end: float) -> bytes:
+        body: list[bytes] = []
+        while True:
+            while b"\r\n" not in self.buf:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+            line, rest = self.buf.split(b"\r\n", 1)
+            try:
+                size = int(line.split(b";")[0], 16)
+            except ValueError:
+                raise ConnectionResetError("malformed chunk") from None
+            if size == 0:  # the last chunk, then trailers up to an empty line
+                self.buf = rest
+                while not (self.buf.startswith(b"\r\n") or b"\r\n\r\n" in self.buf):
+                    if not self._more(end, True):
+                        break
+                return b"".join(body)
+            while len(rest) < size + 2:
+                if not self._more(end, True):
+                    raise ConnectionResetError("connection closed in the middle of an answer")
+                line, rest = self.buf.split(b"\r\n", 1)
+            body.append(rest[:size])
+            self.buf = rest[size + 2:]
+
+
+class WatchClosed(OSError):
+    """The watch stream ended (member down, connection cut); open a new one from the last revision seen."""
+
+
+class Watch:
+    """One watch stream on one member: HTTP/1.1 chunked, one JSON message per line, read with deadlines."""
+
+    def __init__(self, client: Client, i: int, wake: tuple = ()) -> None:
+        self.client, self.i = client, i
+        self.wake = wake  # descriptors that end a wait early when readable (a lost lease, a stop request)
+        self.sock: socket.socket | None = None
+        self._raw = b""  # bytes received, not yet de-chunked
+        self._body = b""  # de-chunked bytes, not yet a whole line
+        self.revision = 0  # the newest revision the stream reported (header of the last message)
+
+    def open(self, payload: bytes, deadline: float) -> None:
+        timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
+        sock = self.client._open(self.i, timeout)
+        self.sock = sock
+        sock.sendall(self.client._head(self.i, "/v3/watch", len(payload)) + payload)
+        while b"\r\n\r\n" not in self._raw:
+            try:
+                more = self._fill(deadline, wake=False)
+            except (WatchClosed, ConnectionResetError) as e:
+                if not self._raw:  # closed before a byte of an answer: the URL's scheme may be wrong
+                    self.client._diagnose(self.i, e, timeout)
+                elif not b"HTTP/".startswith(self._raw[:5]):
+                    raise self.client._not_http(self.i, self._raw[:40]) from None
+                raise
+            if not b"HTTP/".startswith(self._raw[:5]):
+                raise self.client._not_http(self.i, self._raw[:40])
+            if not more:
+                raise _socket.timeout("no answer to the watch request")
+        head_bytes, self._raw = self._raw.split(b"\r\n\r\n", 1)
+        if not head_bytes.startswith(b"HTTP/"):
+            raise self.client._not_http(self.i, head_bytes[:40])
+        lines = head_bytes.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1]) if len(lines[0].split()) > 1 else 0
+        chunked = any(ln.lower().replace(" ", "") == "transfer-encoding:chunked" for ln in lines[1:])
+        if status == 503:
+            raise _Retry("HTTP 503")
+        if status != 200 or not chunked:
+            raise _Retry("watch refused: %s" % lines[0])
+        first = self.next_message(deadline, wake=False)
+        if first is None:
+            raise _socket.timeout("watch not created in time")
+        self._check(first)
+        if not first.get("created"):
+            raise _Retry("unexpected first watch message: %r" % (first,))
+
+    def _check(self, msg: dict) -> None:
+        code = _code(msg)
+        if code is not None:
+            message = _message(msg) or "error"
+            if code in _AUTH_CODES:
+                if "auth token" in message:
+                    self.client._token = None
+                    raise _Retry(message)
+                raise self.client._unavailable("etcd refused access (%s)" % message)
+            raise _Retry(message)
+
+    def _fill(self, deadline: float, wake: bool = True) -> bool:
+        """Read more bytes; False when the deadline passed first. WatchClosed when the stream ended."""
+        sock = self.sock
+        if sock is None:
+            raise WatchClosed("watch closed")
+        pending = getattr(sock, "pending", None)
+        if not (pending and pending()):
+            left = deadline - monotonic()
+            if left <= 0:
+                return False
+            # select first: the socket's own timeout would leave a half-read TLS record or chunk behind.
+            ready = select.select([sock, *(self.wake if wake else ())], [], [], min(left, 3600.0))[0]
+            if sock not in ready:
+                return False
+        try:
+            sock.settimeout(max(0.001, min(deadline - monotonic(), ATTEMPT)))
+            data = sock.recv(65536)
+        except _socket.timeout:
+            return False
+        if not data:
+            raise WatchClosed("watch stream closed by %s" % _member(self.client.endpoints[self.i]))
+        self._raw += data
+        return True
+
+    def _dechunk(self) -> None:
+        while True:
+            end = self._raw.find(b"\r\n")
+            if end < 0:
+                return
+            try:
+                size = int(self._raw[:end].split(b";")[0], 16)
+            except ValueError:
+                raise WatchClosed("malformed chunk in the watch stream") from None
+            if size == 0:
+                raise WatchClosed("watch stream ended")
+            if len(self._raw) < end + 2 + size + 2:
+                return
+            self._body += self._raw[end + 2:end + 2 + size]
+            self._raw = self._raw[end + 2 + size + 2:]
+
+    def next_message(self, deadline: float, wake: bool = True) -> dict | None:
+        """The next message's "result" (or error) dict, or None when the deadline passed first."""
+        while True:
+            self._dechunk()
+            nl = self._body.find(b"\n")
+            if nl >= 0:
+                line, self._body = self._body[:nl], self._body[nl + 1:]
+                if not line.strip():
+                    continue
+                try:
+                    msg = loads(line.decode("utf-8"))
+                except ValueError:
+                    raise WatchClosed("malformed message in the watch stream") from None
+                if not isinstance(msg, dict):
+                    continue
+                if "error" in msg and "result" not in msg:
+                    err = msg["error"]
+                    if not isinstance(err, dict):
+                        return {"code": 2, "message": str(err)}
+                    return {"code": err.get("grpc_code") or err.get("code") or 2, "message": err.get("message")}
+                result = msg.get("result") or {}
+                rev = (result.get("header") or {}).get("revision")
+                if rev:
+                    self.revision = max(self.revision, int(rev))
+                return result
+            if not self._fill(deadline, wake):
+                return None
+
+    def events(self, deadline: float) -> list | None:
+        """The next batch of events: [(type, key bytes, kv dict)]; None on deadline. WatchClosed when the
+        stream ended or was cancelled (compaction: re-read, then watch again from the current revision)."""
+        while True:
+            msg = self.next_message(deadline)
+            if msg is None:
+                return None
+            if _code(msg) is not None:
+                raise WatchClosed("watch failed: %s" % (_message(msg) or "error"))
+            if msg.get("canceled"):
+                raise WatchClosed("watch cancelled (%s)" % (msg.get("cancel_reason") or "compacted"))
+            evs = msg.get("events")
+            if evs:
+                return [(e.get("type") or "PUT", unb64((e.get("kv") or {}).get("key")), e.get("kv") or {})
+                        for e in evs]
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+def _code(reply: dict) -> int | None:
+    code = reply.get("code")
+    if code is None and "error" in reply:
+        return 2
+    try:
+        return int(code) if code is not None and int(code) != 0 else None
+    except (TypeError, ValueError):
+        return 2
+
+
+def _message(reply: dict) -> str:
+    m = reply.get("message") or reply.get("error") or ""
+    return str(m)[:200]
+
+
+def _member(ep: tuple) -> str:
+    host, port = ep
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def _permanent(e: BaseException) -> bool:
+    """An error that asking again cannot fix: a certificate that does not verify, a TLS setup mistake."""
+    ssl = sys.modules.get("ssl")  # loaded only when the URL is etcds://
+    return ssl is not None and isinstance(e, ssl.SSLError) and not isinstance(e, (ssl.SSLWantReadError,
+                                                                                  ssl.SSLEOFError))
+
+
+def _oserror(e: BaseException) -> str:
+    if isinstance(e, _socket.timeout):
+        return "no answer in time"
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return text
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """socket.create_connection on `_socket`: the `socket` module costs the CLI ~2 ms of imports (enum);
+    ssl, for etcds://, needs a socket.socket and imports that module anyway. The host goes to getaddrinfo
+    as bytes (validated ASCII by the URL's parser): a str would load the idna codec."""
+    if sys.modules.get("ssl") is not None:
+        import socket
+
+        return socket.create_connection((host, port), timeout=timeout)
+    err: OSError | None = None
+    found = _socket.getaddrinfo(host.encode("ascii"), port, 0, _socket.SOCK_STREAM)
+    for family, kind, proto, _name, address in found:
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock  # type: ignore[return-value]  # the methods used here are _socket.socket's
+        except OSError as e:
+            sock.close()
+            err = e
+    raise err or OSError("getaddrinfo returned nothing for %s" % host)
+
+
+def _readable(what: str, path: str) -> None:
+    """FleetConfigError naming the file when `path` (a TLS file of the URL) cannot be read."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise FleetConfigError("fleet TLS: cannot read %s file %s: %s" % (what, path, e.strerror or e)) from None
+
+
+def _ssl_reason(e: BaseException) -> str:
+    return str(getattr(e, "reason", None) or getattr(e, "strerror", None) or e)

@@ -1,0 +1,1063 @@
+"""Fleet locks on etcd: the lock recipes, the keep-alive thread, and the Backend the engine dispatches to.
+
+Key layout (etcd's own concurrency.Mutex, so `etcdctl lock PREFIX/NAME` and hostlock exclude each other):
+every holder or waiter of NAME is one key `<prefix><NAME>/<lease id hex>`, attached to one etcd lease per
+acquisition, its value the owner record (_owner.build_record, plus `slots`). Order is create_revision:
+
+- exclusive (and etcdctl's empty value): holds when no key of NAME has a lower create_revision;
+- shared: holds when no non-shared key has a lower create_revision (a waiting writer blocks later readers:
+  no writer starvation);
+- N slots: holds when fewer than N keys have a lower create_revision.
+
+A waiter watches the deletion of the key(s) ahead of it (never polls) and re-reads on each. Liveness is the
+lease: a keep-alive thread renews it every TTL/3 and declares the lock lost at the last successful keep-alive
+send + TTL (minus a margin), on CLOCK_BOOTTIME so a process stopped and resumed (or a suspended machine)
+counts the time it did not run; a keep-alive answer with TTL 0, or our key deleted or moved to another lease
+(a watch on it), is a loss too. The fence is the key's create_revision: strictly increasing per name.
+"""
+
+from __future__ import annotations
+
+import _signal
+import _thread
+import math
+import os
+import select
+import time
+
+from ..core.clock import boottime
+from ..core.errors import FleetUnavailable, HostlockError, LockLost, TokenError
+from ..core.names import check_duration, validate_name
+from ..core.owner import Holder, build_record, parse_record, record_prefix
+from ..core.tokens import fleet_token, split_fleet
+from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, b64, monotonic, prefix_end, unb64
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable, Optional
+
+    from ..core.model import LockStatus
+    from .etcd import Watch
+    from .url import FleetURL
+
+    Builder = Callable[[Optional[int], Optional[int]], bytes]
+
+DEFAULT_TTL = 10.0
+CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
+CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
+# A holder's watch on its own key opens this long after the key was made, from the revision after its
+# creation, so a deletion in between still arrives: a short job (`hostlock run NAME true`) ends before the
+# thread does any work that competes with its start, and a deleted key is known at most this much later.
+KEY_WATCH_DELAY = 0.1
+
+
+def _margin(ttl: float) -> float:
+    """Declare the lease lost this long before etcd could: scheduling delays, clock-rate differences."""
+    return min(1.0, ttl * 0.1)
+
+
+class Entry:
+    """One key of a lock: a holder or a waiter."""
+
+    __slots__ = ("key", "rev", "lease", "fields", "mode", "slots", "value")
+
+    def __init__(self, kv: dict) -> None:
+        self.key = unb64(kv.get("key"))
+        self.rev = int(kv.get("create_revision") or 0)
+        self.lease = int(kv.get("lease") or 0)
+        self.value = unb64(kv.get("value"))
+        self.fields = parse_record(self.value) if self.value else None
+        f = self.fields or {}
+        self.mode = "shared" if f.get("mode") == "shared" else "exclusive"
+        try:
+            self.slots = max(1, min(int(f.get("slots") or 1), 1 << 20))
+        except ValueError:
+            self.slots = 1
+
+    @property
+    def lease_hex(self) -> str:
+        return self.key.rsplit(b"/", 1)[-1].decode("ascii", "replace")
+
+
+def blockers(entries: list, i: int) -> list:
+    """The entries that keep entries[i] from holding (empty: it holds). `entries` sorted by create_revision."""
+    me, before = entries[i], entries[:i]
+    if me.mode == "shared":
+        return [e for e in before if e.mode != "shared" or e.slots > 1]
+    if me.slots > 1:
+        if any(e.slots != me.slots for e in before):
+            # Only takers of the same N share slots: an exclusive holder (etcdctl's too), a reader or another
+            # size ahead is waited for whole, never counted as one slot (it holds alone, or by its own rule).
+            return before
+        return before if len(before) >= me.slots else []
+    return before
+
+
+def waits_on(entries: list, i: int) -> Entry | None:
+    """The one key whose deletion can admit entries[i] (the last that blocks it, as etcd's waitDeletes), or None
+    when any key ahead going can admit it (slot takers of the same N: they count, whichever goes first)."""
+    blocking = blockers(entries, i)
+    if not blocking:
+        return None
+    me = entries[i]
+    if me.slots > 1 and all(e.slots == me.slots for e in entries[:i]):
+        return None
+    return blocking[-1]
+
+
+LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
+
+
+def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None) -> dict:
+    """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
+    interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
+    revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL."""
+    while True:
+        lid = (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
+        ids.append(lid)
+        try:
+            return client.call("lease/grant", {"TTL": max(1, int(math.ceil(ttl))), "ID": str(lid)}, deadline,
+                               sent=sent)
+        except EtcdError as e:
+            if e.code != LEASE_EXISTS:
+                raise
+            # Our own grant, retried after its answer was lost: its TTL runs from a send earlier than `sent`
+            # says. Give it up and take another id, rather than trust a clock started too late.
+            try:
+                client.call("lease/revoke", {"ID": str(lid)}, deadline)
+            except (EtcdError, FleetUnavailable):
+                pass
+
+
+def _entries(kvs: list | None) -> list:
+    out = [Entry(kv) for kv in kvs or []]
+    out.sort(key=lambda e: e.rev)
+    return out
+
+
+class _LostPlace(Exception):
+    """A waiter lost its place before it held (its lease or key gone): queue again while time remains,
+    else raise `error`."""
+
+    def __init__(self, error: HostlockError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class EtcdHeld:
+    """One acquisition: our key, our (shared) lease, our fence, and our claim on the lease's Session."""
+
+    __slots__ = ("key", "lease", "fence", "session", "slot", "ticket", "value")
+
+    def __init__(self, key: bytes, lease: int, fence: int, session: Claim, value: bytes = b"") -> None:
+        self.key, self.lease, self.fence, self.session = key, lease, fence, session
+        self.slot: int | None = None
+        self.ticket: int | None = None
+        self.value = value  # our record as we last wrote it: read back without a round trip
+
+
+class Claim:
+    """One key of this process on a Session's lease: what a waiter or holder sees of it. Lost when the lease is
+    lost (every claim on it then), or when its own key is deleted or moved to another lease (this one alone)."""
+
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self.on_lost: Callable[[], object] | None = None
+        self.key: bytes | None = None  # our key once it is in etcd (watch_key)
+        self.name_key: bytes | None = None  # the key we would have on the session's lease: one claim per key
+        self.why: str | None = None
+        self.unavailable = False
+        self._from = 0  # the first watch of our key starts right after its creation: every change arrives
+        self.watch_at = 0.0  # boottime from which the thread opens that watch
+        self._lost = False
+        self._ended = False
+        self._mutex = _thread.allocate_lock()
+        self.lost_r, self._lost_w = os.pipe()  # readable once lost: wakes a waiter's watch
+        os.set_blocking(self._lost_w, False)
+
+    @property
+    def lease(self) -> int:
+        return self.session.lease if self.session is not None else 0
+
+    @property
+    def expires(self) -> float:
+        """boottime at which we must consider the lease gone (etcd's own expiry is later than this)."""
+        return self.session.expires if self.session is not None else 0.0
+
+    @property
+    def lost(self) -> bool:
+        """Lost as the keep-alive thread knows it, or by the lease's clock alone: after a pause (SIGSTOP,
+        suspend) the holder must know before the thread has run again. No side effect but the reason."""
+        if self._lost:
+            return True
+        s = self.session
+        if s is not None and not self._ended and s.lost:
+            if self.why is None:
+                self.why, self.unavailable = s.why, s.unavailable
+            return True
+        return False
+
+    def watch_key(self, key: bytes, created: int) -> None:
+        """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
+        self._from, self.key = created + 1, key
+        self.watch_at = boottime() + KEY_WATCH_DELAY
+        if self.session is not None:
+            self.session._poke()
+
+    def _lose(self, why: str, unavailable: bool = False) -> None:
+        with self._mutex:
+            if self._lost or self._ended:
+                return
+            self._lost = True
+            if self.why is None:
+                self.why, self.unavailable = why, unavailable
+            try:
+                os.write(self._lost_w, b"x")
+            except OSError:  # EAGAIN: already readable
+                pass
+        if self.on_lost is not None:
+            try:
+                self.on_lost()
+            except Exception:  # noqa: BLE001 - a callback's bug must not kill the keep-alive thread silently
+                import traceback
+
+                traceback.print_exc()
+
+    def stop(self) -> bool:
+        """Leave the lease: no on_lost after this. True when this was the last claim on it (the lease is no
+        longer kept alive: the caller revokes it); False when others remain (the caller deletes its own key)
+        or when it was left already. Not joined: release() never waits for the thread."""
+        with self._mutex:
+            if self._ended:
+                return False
+            self._ended = True
+            fds, self._lost_w = (self.lost_r, self._lost_w), -1
+            self.lost_r = -1
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return self.session.detach(self) if self.session is not None else False
+
+    def forget(self) -> None:
+        """In a forked child: the thread is not there; never renew or revoke the parent's lease."""
+        self._mutex = _thread.allocate_lock()
+        if self.session is not None:
+            self.session.forget()
+        self.stop()
+
+
+class Session:
+    """One etcd lease of this process and the thread keeping it alive, shared by every fleet lock the process
+    takes on one cluster with one TTL (etcd's concurrency.Session): one grant, one keep-alive for all of them.
+    The thread also watches each claim's key. The lease's loss (etcd says it is gone, or no keep-alive answered
+    within the TTL, known by the clock even before the thread runs) is every claim's loss."""
+
+    def __init__(self, client: Client, lease: int, ttl: float, sent: float, first: Claim,
+                 shared: tuple | None) -> None:
+        self.client, self.lease, self.ttl = client, lease, ttl
+        self.ok_at = sent  # boottime when the last successful grant/keep-alive was SENT
+        self.shared = shared  # its key in _SESSIONS (None: a private lease)
+        self.why: str | None = None
+        self.unavailable = False
+        self._mutex = _thread.allocate_lock()
+        self.claims: list = [first]
+        first.session, first.name_key = self, None
+        self.orphans: list = []  # compares of keys released but not yet deleted (etcd did not answer)
+        self._stopped = False
+        self._exited = False
+        self._lost = False
+        self._stop_r, self._stop_w = os.pipe()
+        for fd in (self._stop_r, self._stop_w):
+            os.set_blocking(fd, False)  # draining must never block; a full pipe is already "poked"
+        self._fds: tuple = (self._stop_r, self._stop_w)
+        # Started with every signal blocked (a thread inherits its creator's mask): the kernel gives a
+        # process-directed signal to any thread that does not block it, and this one must never take it.
+        # `hostlock run` blocks what it forwards to its job in its main thread and collects it with
+        # sigtimedwait(); landing here, a SIGTERM would run its default action and kill hostlock instead.
+        old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+        try:
+            # _thread, not threading: `import threading` is ~2.5 ms of a ~20 ms `hostlock run --fleet`. Like a
+            # daemon thread, it ends with the interpreter; the CLI exits with os._exit once released anyway.
+            _thread.start_new_thread(self._run, ())
+        finally:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
+
+    @property
+    def expires(self) -> float:
+        """boottime at which we must consider the lease gone (etcd's own expiry is later than this)."""
+        return self.ok_at + self.ttl - _margin(self.ttl)
+
+    @property
+    def lost(self) -> bool:
+        if self._lost:
+            return True
+        if not self._stopped and boottime() >= self.expires:
+            if self.why is None:
+                self.why = "no keep-alive was answered within the lease's TTL (%gs)" % self.ttl
+                self.unavailable = True
+            return True
+        return False
+
+    def attach(self, claim: Claim, key: bytes) -> bool:
+        """Add `claim`, whose key on this lease would be `key`; False when the lease is ending or another
+        claim of this process has that key already (the same name twice: that one takes a lease of its own)."""
+        with self._mutex:
+            if self._stopped or self._lost or self.lost or any(c.name_key == key for c in self.claims):
+                return False
+            claim.session, claim.name_key = self, key
+            self.claims.append(claim)
+            return True
+
+    def detach(self, claim: Claim) -> bool:
+        """Remove `claim`; True when it was the last: the lease is kept alive no more (the caller revokes it)."""
+        with self._mutex:
+            if claim in self.claims:
+                self.claims.remove(claim)
+            last = not self.claims and not self._stopped
+            if last:
+                self._stopped = True
+                _unregister(self)
+            exited = self._exited
+        self._poke()  # the thread closes that claim's watch, or ends
+        if last and exited:
+            self._close_fds()
+        return last
+
+    def orphan(self, compare: list) -> None:
+        """A released key that could not be deleted (compare: its key on our lease, of its create revision):
+        the thread deletes it, so the lock is not held by a key nobody holds while other locks keep the lease."""
+        with self._mutex:
+            self.orphans.append(compare)
+        self._poke()
+
+    def _delete_orphans(self, next_ka: float) -> bool:
+        """Delete the orphaned keys that etcd lets us delete now; False while some are left to try again."""
+        with self._mutex:
+            orphans = list(self.orphans)
+        for compare in orphans:
+            key = compare[0]["key"]
+            try:
+                self.client.call("kv/txn", {"compare": compare, "success": [{"request_delete_range": {"key": key}}]},
+                                 monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
+                                 attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
+            except (EtcdError, FleetUnavailable):
+                continue
+            with self._mutex:
+                self.orphans.remove(compare)
+        return not self.orphans
+
+    def _poke(self) -> None:
+        with self._mutex:  # never after _close_fds: the number could name someone else's file by then
+            if self._fds:
+                try:
+                    os.write(self._stop_w, b"x")
+                except OSError:  # EAGAIN: already poked
+                    pass
+
+    def _lose_all(self, why: str, unavailable: bool = False) -> None:
+        with self._mutex:
+            if self._lost or self._stopped:
+                return
+            self._lost = True
+            if self.why is None:
+                self.why, self.unavailable = why, unavailable
+            claims = list(self.claims)
+            _unregister(self)
+        for claim in claims:
+            claim._lose(why, unavailable)
+
+    def _close_fds(self) -> None:
+        with self._mutex:  # once: a descriptor number closed twice could be someone else's by then
+            fds, self._fds = self._fds, ()
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def forget(self) -> None:
+        """In a forked child: the thread is not there; never renew or revoke the parent's lease."""
+        self._stopped = True
+        self._mutex = _thread.allocate_lock()
+        self.claims = []
+        self._close_fds()
+
+    def _drain(self) -> None:
+        try:
+            os.read(self._stop_r, 512)
+        except OSError:  # EAGAIN: nothing to drain
+            pass
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a bug here must not leave a holder believing it holds
+            self._lose_all("the keep-alive thread failed: %r" % (e,))
+            raise
+
+    def _loop(self) -> None:
+        interval = max(0.1, self.ttl / 3.0)
+        next_ka = self.ok_at + interval
+        watches: dict = {}  # claim -> the Watch on its key
+        try:
+            while True:
+                with self._mutex:
+                    if self._stopped or self._lost:
+                        return
+                    claims = list(self.claims)
+                self._drain()
+                now = boottime()
+                if now >= self.expires:
+                    self._lose_all("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl,
+                                   unavailable=True)
+                    return
+                if now >= next_ka:
+                    next_ka = self._keepalive(interval)
+                    if self._lost:
+                        return
+                    if any(w.i != self.client.answering for w in watches.values()):
+                        # The keep-alive was answered by another member: the one our watches are on may hang
+                        # (SIGSTOP, a black hole) and would never report a key's deletion. Watch where the
+                        # keep-alive got through (each reopen reads the key first: nothing is missed).
+                        for w in watches.values():
+                            w.close()
+                        watches = {}
+                    continue
+                for claim in [c for c in watches if c not in claims or c._lost]:
+                    watches.pop(claim).close()  # released, or lost by its own key: nothing more to watch
+                wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
+                if self.orphans and not self._delete_orphans(next_ka):
+                    wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
+                for claim in claims:
+                    if claim.key is not None and not claim._lost and claim not in watches:
+                        if claim.watch_at > now:
+                            wake_at = min(wake_at, claim.watch_at)
+                            continue
+                        w = self._open_watch(claim, next_ka)
+                        if w is not None:
+                            watches[claim] = w
+                        elif not claim._lost:
+                            # Could not watch now: try again after a pause (never a hot loop against etcd);
+                            # keep-alives go on meanwhile, and so do the watches that are open.
+                            wake_at = min(wake_at, boottime() + 0.5)
+                pause = wake_at - boottime()
+                socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
+                # TLS may hold a whole record already read from the socket: select() would not see it.
+                ready = [claim for claim, w in watches.items() if getattr(w.sock, "pending", None) and w.sock.pending()]
+                if not ready:
+                    got = select.select([self._stop_r, *socks], [], [], max(0.0, pause))[0]
+                    ready = [socks[s] for s in got if s in socks]
+                for claim in ready:
+                    w = watches[claim]
+                    try:
+                        evs = w.events(monotonic() + 0.05)
+                    except (WatchClosed, OSError):
+                        watches.pop(claim).close()  # reopened after reading the key again: nothing is missed
+                        continue
+                    self._check(claim, evs)
+        finally:
+            for w in watches.values():
+                w.close()
+            with self._mutex:
+                self._exited = True
+                stopped = self._stopped
+            if stopped:
+                self._close_fds()
+
+    def _check(self, claim: Claim, evs: list | None) -> None:
+        for kind, key, kv in evs or ():
+            if key != claim.key:
+                continue
+            if kind == "DELETE":
+                claim._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                return
+            if int(kv.get("lease") or 0) != self.lease:
+                claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
+                return
+
+    def _keepalive(self, interval: float) -> float:
+        """One keep-alive; returns when the next one is due."""
+        box = [boottime()]
+        try:
+            # A member stuck on a dead leader holds a request ~6 s before answering 503: give each member
+            # a quarter of the TTL, so the others are asked while the lease still lives.
+            reply = self.client.call("lease/keepalive", {"ID": str(self.lease)},
+                                     monotonic() + max(0.0, self.expires - box[0]), min_try=0.0,
+                                     attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)), sent=box)
+        except (FleetUnavailable, EtcdError):
+            return boottime() + min(interval, 0.25)  # retry soon: the loss deadline runs on
+        result = reply.get("result") or {}
+        try:
+            ttl = int(result.get("TTL") or 0)
+        except ValueError:
+            ttl = 0
+        sent = box[0]
+        if ttl <= 0:
+            self._lose_all("etcd says our lease %x is gone (expired or revoked)" % self.lease)
+            return sent
+        with self._mutex:
+            self.ok_at = max(self.ok_at, sent)
+        return sent + interval
+
+    def _open_watch(self, claim: Claim, next_ka: float) -> Watch | None:
+        key = claim.key
+        if key is None:  # not yet created: nothing to watch
+            return None
+        deadline = monotonic() + max(0.05, next_ka - boottime())
+        if claim._from:
+            # First watch: from the revision after our key's creation, every change of it arrives (a
+            # compacted start cancels the watch; the reopen below then reads the key first).
+            start, claim._from = claim._from, 0
+            try:
+                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,),
+                                         min_try=0.0)
+            except (FleetUnavailable, EtcdError, OSError):
+                return None
+        try:
+            # Read the key first, then watch from the revision read: whatever happened before (while the
+            # stream was down, or compacted away) is in the read, whatever happens after is in the stream.
+            reply = self.client.call("kv/range", {"key": b64(key)}, deadline, min_try=0.0,
+                                     attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
+            kvs = reply.get("kvs") or []
+            if not kvs:
+                claim._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                return None
+            if int(kvs[0].get("lease") or 0) != self.lease:
+                claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
+                return None
+            rev = int((reply.get("header") or {}).get("revision") or 0)
+            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,), min_try=0.0)
+        except (FleetUnavailable, EtcdError, OSError):
+            return None
+
+
+# This process's shared leases: (cluster, credentials, TTL) -> Session. A forked child starts with none.
+_SESSIONS: dict = {}
+_SESSIONS_MUTEX = _thread.allocate_lock()
+
+
+def _unregister(session: Session) -> None:
+    """Called with session._mutex held: the next acquisition grants a new lease (this one ends or is lost)."""
+    if session.shared is not None and _SESSIONS.get(session.shared) is session:
+        del _SESSIONS[session.shared]
+
+
+def _forget_sessions() -> None:
+    global _SESSIONS_MUTEX
+    _SESSIONS_MUTEX = _thread.allocate_lock()
+    for session in list(_SESSIONS.values()):
+        session.forget()
+    _SESSIONS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_sessions)
+
+
+def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list) -> Session:
+    """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
+    (or when this process already has a key of that lock name on it: then a lease of its own). Sets
+    claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for."""
+    url = backend.url
+    shared = (url.scheme, tuple(url.endpoints), url.user, url.password, url.cacert, url.cert, url.key, ttl)
+    with _SESSIONS_MUTEX:
+        session = _SESSIONS.get(shared)
+        if session is not None and session.attach(claim, prefix + b"%x" % session.lease):
+            return session
+        private = session is not None and not session.lost and not session._stopped
+        sent: list = []
+        # Granted with the registry locked: two threads starting at once share one lease, not two.
+        reply = grant(backend.client, ttl, deadline, ids, sent)
+        lease = int(reply["ID"])
+        made = Session(backend.client, lease, float(reply.get("TTL") or ttl), sent[0], claim,
+                       None if private else shared)
+        claim.name_key = prefix + b"%x" % lease
+        if not private:
+            _SESSIONS[shared] = made
+        return made
+
+
+class EtcdLocker:
+    """The locker (see _lockers) of one fleet lock name: acquire/release/records through etcd."""
+
+    def __init__(self, backend: EtcdBackend, name: str, slots: int, ttl: float,
+                 on_lost: Callable[[], object] | None) -> None:
+        self.backend, self.client = backend, backend.client
+        self.name, self.slots = name, slots
+        self.ttl = check_duration(ttl, "ttl", positive=True)
+        self.on_lost = on_lost
+        self.prefix = backend.name_prefix(name)
+        self.path = backend.url.display(name)
+
+    def _net_deadline(self, deadline: float | None) -> float:
+        # Without a caller's deadline, etcd unreachable for a whole TTL ends the wait: our lease is gone by then.
+        return deadline if deadline is not None else monotonic() + self.ttl
+
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> EtcdHeld | None:
+        """Held (our key first in line for our mode, our record its value), or None once the deadline passed.
+
+        A waiter that gives up or fails revokes its lease first (its key goes with it); if etcd cannot be
+        reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
+        A waiter that loses its place before it holds (its lease ended in an outage longer than the TTL, its
+        key deleted, the lease gone between grant and put) queues again, on a new lease, while its time
+        remains: a wait of D waits for D.
+        """
+        while True:
+            try:
+                return self._attempt(mode, deadline, record)
+            except _LostPlace as e:
+                if deadline is not None and monotonic() >= deadline:
+                    raise e.error from None
+
+    def _attempt(self, mode: str, deadline: float | None, record: Builder) -> EtcdHeld | None:
+        ids: list = []
+        # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, in _queue).
+        claim = Claim()
+        ok = False
+        try:  # from before the grant: whatever ends this (a signal's exception too) takes our key with it
+            session = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids)
+            held = self._queue(mode, deadline, record, self.prefix + b"%x" % session.lease, session.lease, claim)
+            ok = held is not None
+            return held
+        except EtcdError as e:
+            # etcd refused a request we do not expect it to refuse: a fleet failure (CLI 76), said once.
+            raise FleetUnavailable("%s: %s" % (self.path, e), endpoints=self.backend.url.members) from None
+        finally:
+            if not ok:
+                granted = claim.session is None
+                self._leave(claim, claim.name_key, 0)
+                if granted:
+                    for lid in ids:  # granted (or being granted) when interrupted, before a Session had it
+                        self._revoke(lid)
+
+    def _leave(self, claim: Claim, key: bytes | None, fence: int) -> None:
+        """Take our key out of etcd: revoke the lease when ours was its last claim, else delete the key alone
+        (only while it is still ours: on our lease, and of create revision `fence` when known). If etcd
+        cannot be reached, the key ends with the lease: within the TTL, or when this process releases."""
+        session = claim.session
+        last = claim.stop()
+        if session is None:
+            return
+        if last:
+            self._revoke(session.lease)
+            return
+        if key is None:
+            return
+        compare = [{"key": b64(key), "target": "LEASE", "lease": str(session.lease)}]
+        if fence:
+            compare.append({"key": b64(key), "target": "CREATE", "create_revision": str(fence)})
+        try:
+            self.client.call("kv/txn", {"compare": compare,
+                                        "success": [{"request_delete_range": {"key": b64(key)}}]}, monotonic())
+        except (EtcdError, FleetUnavailable):
+            # Not deleted now, and the lease lives on for the process's other locks: the keep-alive thread
+            # deletes it, trying again until it is gone (or the lease ends: the last release, or its loss).
+            session.orphan(compare)
+
+    def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
+               session: Claim) -> EtcdHeld | None:
+        c = self.client
+        rng = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "sort_target": "CREATE",
+               "sort_order": "ASCEND"}
+        # One round trip: create our key if it is not there yet and read the queue. Retried after a lost
+        # answer, the compare fails (our key exists: the first try created it) and the range still answers.
+        value = record(None, None)
+        try:
+            reply = c.call("kv/txn", {
+                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value),
+                                             "lease": str(lease)}},
+                            {"request_range": rng}],
+                "failure": [{"request_range": rng}]}, self._net_deadline(deadline))
+        except EtcdError as e:
+            if e.code != NOT_FOUND:
+                raise
+            # "requested lease not found": the lease ended between its grant and this put (an outage, a
+            # paused process). Nothing of ours is in the queue: queue again on a new lease (and so does every
+            # other lock of this process that was on it: the lease is lost for all).
+            if session.session is not None:
+                session.session._lose_all("etcd says our lease %x is gone" % lease)
+            raise _LostPlace(FleetUnavailable("the lease for %s ended before our key was written (%s)"
+                                              % (self.path, e), endpoints=self.backend.url.members)) from None
+        while True:
+            rev = int((reply.get("header") or {}).get("revision") or 0)
+            responses = reply.get("responses") or [{}]
+            kvs = (responses[-1].get("response_range") or {}).get("kvs") if "responses" in reply else reply.get("kvs")
+            entries = _entries(kvs)
+            idx = next((k for k, e in enumerate(entries) if e.key == key), None)
+            if idx is None:
+                raise self._gone(session, "our place in the queue of %s vanished while waiting" % self.path)
+            me = entries[idx]
+            if session.key is None:
+                session.watch_key(key, me.rev)
+            if not blockers(entries, idx) or self._wait(entries[:idx], me, rev, deadline, session):
+                session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
+                if session.lost:
+                    raise self._gone(session, "lost %s while taking it" % self.path)
+                return EtcdHeld(key, lease, me.rev, session, value)
+            if deadline is not None and monotonic() >= deadline:
+                return None
+            reply = c.call("kv/range", rng, self._net_deadline(deadline))
+
+    def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Claim) -> bool:
+        """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
+        when the queue must be read again (a stream ended, a member stopped answering) or the deadline passed.
+
+        The watch starts now and the watched keys are read right after, so no deletion is missed. Keys
+        created later are behind us, so the set of keys ahead only shrinks: tracking it from the
+        events is exact, and the waiter holds the moment nothing ahead blocks it, without reading again
+        (handoff = one delete + one watch event). It watches only the key whose deletion can admit it
+        (`waits_on`: etcd's waitDeletes), so a release wakes only the waiter it admits; when that key goes
+        and another still blocks, False: the caller reads again and watches the next.
+        """
+        target = waits_on([*before, me], len(before))
+        key, end = (self.prefix, prefix_end(self.prefix)) if target is None else (target.key, None)
+        # Watch from now, then look: a deletion before the watch began is in the read below, one after it in
+        # the stream. (A watch from the older revision `rev`+1 would be "unsynced" in etcd while others write,
+        # and its first event wait for etcd's catch-up loop: up to 100 ms per wait under contention.)
+        w = self.client.watch(key, end, 0, self._net_deadline(deadline), wake=(session.lost_r,))
+        try:
+            body = {"key": b64(key), "keys_only": True}
+            if end is not None:
+                body["range_end"] = b64(end)
+            reply = self.client.call("kv/range", body, self._net_deadline(deadline))
+            present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
+            if me.key not in present and target is None:
+                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
+            ahead = [e for e in before if e.key in present or (target is not None and e is not target)]
+            if not blockers([*ahead, me], len(ahead)):
+                return True
+            if target is not None and target.key not in present:
+                return False  # it went before the watch began; others still block: read the queue again
+            left = self._watch_until(w, target, ahead, me, deadline, session)
+        finally:
+            w.close()
+        # The watched key went and others ahead still block us (they may have gone unseen): read the queue
+        # again and watch from the revision read. A watch from an older revision would cost etcd's
+        # catch-up loop (up to 100 ms) per key, far more than one read.
+        return left is not None and not blockers([*left, me], len(left))
+
+    def _watch_until(self, w: Watch, target: Entry | None, ahead: list, me: Entry, deadline: float | None,
+                     session: Claim) -> list | None:
+        """The keys still ahead once `target` (or, watching the whole name, enough keys ahead) went; None when
+        the queue must be read again. A stream silent for CHECK_EVERY is checked: a range (CHECK_ATTEMPT per
+        member) tells whether the member it is on still answers and whether it missed a deletion, so a member
+        that hangs (SIGSTOP) or a link that black-holes costs a waiter seconds, not its whole wait."""
+        quiet_until = monotonic() + CHECK_EVERY
+        while True:
+            if session.lost:
+                raise self._gone(session, "lost our place in the queue of %s" % self.path)
+            now = monotonic()
+            if deadline is not None and now >= deadline:
+                return None
+            try:
+                evs = w.events(quiet_until if deadline is None else min(deadline, quiet_until))
+            except (WatchClosed, OSError):
+                return None  # the stream ended (member down, compaction): read again, watch from there
+            if evs is None:
+                if monotonic() >= quiet_until:
+                    if not self._stream_ok(w, target, ahead):
+                        return None
+                    quiet_until = monotonic() + CHECK_EVERY
+                continue
+            quiet_until = monotonic() + CHECK_EVERY
+            deleted = {key for kind, key, _kv in evs if kind == "DELETE"}
+            if me.key in deleted:
+                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
+            if any(e.key in deleted for e in ahead):
+                ahead = [e for e in ahead if e.key not in deleted]
+                if target is not None or not blockers([*ahead, me], len(ahead)):
+                    return ahead
+
+    def _stream_ok(self, w: Watch, target: Entry | None, ahead: list) -> bool:
+        """Whether the watch `w` can be trusted on: its member answered a read now, and the read shows no key
+        gone that the stream has not reported. A member that does not answer within CHECK_ATTEMPT is skipped
+        for the next, so the read comes from a member that answers; the next watch opens there."""
+        if target is not None:
+            body = {"key": b64(target.key), "keys_only": True}
+        else:
+            body = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "keys_only": True}
+        try:
+            reply = self.client.call("kv/range", body, monotonic() + CHECK_ATTEMPT, min_try=0.0,
+                                     attempt=CHECK_ATTEMPT)
+        except (FleetUnavailable, EtcdError):
+            return True  # nobody answers: the lease's clock decides (the session), keep the stream meanwhile
+        if self.client.answering != w.i:
+            return False  # the read came from another member: the stream's own member did not answer
+        present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
+        return all(e.key in present for e in ahead) if target is None else target.key in present
+
+    def _gone(self, session: Claim, what: str) -> _LostPlace:
+        why = session.why or "our key was deleted"
+        if session.unavailable:
+            return _LostPlace(FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members))
+        return _LostPlace(LockLost("%s: %s" % (what, why)))
+
+    def _revoke(self, lease: int) -> None:
+        try:
+            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic())
+        except EtcdError:
+            pass  # already gone
+        except FleetUnavailable:
+            pass  # unreachable: the lease expires by itself within its TTL
+
+    def release(self, held: EtcdHeld) -> None:
+        """Our key is deleted (the lease revoked, if no other lock of this process is on it) when this returns;
+        if etcd cannot be reached, it expires within the TTL. Never raises for a lock already lost."""
+        self._leave(held.session, held.key, held.fence)
+
+    def write_record(self, held: EtcdHeld, data: bytes) -> None:
+        """Replace our record, only while the key is still ours (same create_revision)."""
+        reply = self.client.call("kv/txn", {
+            "compare": [{"key": b64(held.key), "target": "CREATE", "create_revision": str(held.fence)}],
+            "success": [{"request_put": {"key": b64(held.key), "value": b64(data), "lease": str(held.lease)}}]},
+            monotonic() + self.ttl)
+        if not reply.get("succeeded"):
+            raise LockLost("lost %s: our key is gone" % self.path)
+        held.value = data
+
+    def read_record(self, held: EtcdHeld) -> bytes:
+        """Our record as we wrote it (only we write our key while it is ours: no round trip to read it back)."""
+        return held.value
+
+    def descriptors(self, held: EtcdHeld) -> list:
+        """None: a fleet lock lives in etcd, not in an open file description."""
+        return []
+
+    def forget(self, held: EtcdHeld | None) -> None:
+        """In a forked child: never renew, release or revoke the parent's lease."""
+        if held is not None:
+            held.session.forget()
+        self.client = self.backend.forked()
+
+    def close(self) -> None:
+        pass
+
+
+class EtcdBackend:
+    """The fleet Backend on etcd (see _fleet.Backend): one client (its connections) per fleet URL."""
+
+    def __init__(self, url: FleetURL) -> None:
+        self.url = url
+        self.client = Client(url)
+
+    def forked(self) -> Client:
+        self.client.forget()
+        return self.client
+
+    def name_prefix(self, name: str) -> bytes:
+        return (self.url.prefix + name + "/").encode("utf-8")
+
+    def locker(self, name: str, slots: int, ttl: float, on_lost: Callable[[], object] | None) -> EtcdLocker:
+        return EtcdLocker(self, name, slots, ttl, on_lost)
+
+    # -- inspecting ---------------------------------------------------------------------------------------
+    def _range(self, prefix: bytes) -> list:
+        reply = self.client.call("kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                                              "sort_target": "CREATE", "sort_order": "ASCEND"},
+                                 monotonic() + DEFAULT_TTL)
+        return reply.get("kvs") or []
+
+    def _status(self, name: str, entries: list) -> LockStatus:
+        from ..core.model import LockStatus
+
+        holders: list = []
+        waiters = 0
+        for i, e in enumerate(entries):
+            if blockers(entries, i):
+                waiters += 1
+            else:
+                # A semaphore's holders are numbered in arrival order, as host locks number their slots.
+                holders.append(_holder(e, len(holders) if e.slots > 1 else None))
+        slots = max([e.slots for e in entries] or [1])
+        return LockStatus(name, self.url.display(), self.url.display(name), "etcd", slots, holders, waiters)
+
+    def status(self, name: str) -> LockStatus:
+        validate_name(name)
+        return self._status(name, _entries(self._range(self.name_prefix(name))))
+
+    def list_locks(self) -> list:
+        prefix = self.url.prefix.encode("utf-8")
+        names: dict = {}
+        for kv in self._range(prefix):
+            e = Entry(kv)
+            name, sep, _hex = e.key[len(prefix):].rpartition(b"/")
+            if not sep:
+                continue
+            try:
+                text = validate_name(name.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError, HostlockError):
+                continue  # a key of another program under our prefix must not hide every lock
+            names.setdefault(text, []).append(e)
+        return [self._status(n, sorted(names[n], key=lambda e: e.rev)) for n in sorted(names)]
+
+    def break_lock(self, name: str, force: bool) -> list:
+        """With force, end every holder of `name`: revoke its lease when this key is all the lease holds (an
+        `etcdctl lock` session learns it so), else delete the key alone, so a process's other locks on its
+        one lease stay held (hostlock watches each key: the holder learns it lost this lock).
+        Without force: nothing in etcd is stale (an expired lease is already gone), so nothing to do."""
+        validate_name(name)
+        if not force:
+            return []
+        entries = _entries(self._range(self.name_prefix(name)))
+        acted = []
+        for i, e in enumerate(entries):
+            if blockers(entries, i):
+                continue
+            deadline = monotonic() + DEFAULT_TTL
+            try:
+                ttl = self.client.call("lease/timetolive", {"ID": str(e.lease), "keys": True}, deadline)
+                if len(ttl.get("keys") or ()) > 1:
+                    reply = self.client.call("kv/txn", {
+                        "compare": [{"key": b64(e.key), "target": "CREATE", "create_revision": str(e.rev)}],
+                        "success": [{"request_delete_range": {"key": b64(e.key)}}]}, deadline)
+                    if not reply.get("succeeded"):
+                        continue  # gone meanwhile
+                else:
+                    self.client.call("lease/revoke", {"ID": str(e.lease)}, deadline)
+            except EtcdError as exc:
+                if exc.code != NOT_FOUND:
+                    raise
+                continue
+            acted.append(_holder(e))
+        return acted
+
+    # -- leases -------------------------------------------------------------------------------------------
+    def hold(self, name: str, lease: float, mode: str = "exclusive", slots: int = 1, label: str | None = None,
+             timeout: float | None = None) -> str:
+        """Take `name` for `lease` seconds on an etcd lease that outlives this process; returns the token.
+
+        The wait runs on a short kept-alive lease (a waiter that dies leaves nothing for long); once held,
+        the key moves onto a lease of TTL `lease`, and no process keeps it alive.
+        """
+        from ..core.model import MODES
+
+        validate_name(name)
+        lease = check_duration(lease, "lease", positive=True)
+        if timeout is not None:
+            timeout = check_duration(timeout, "timeout")
+        if mode not in MODES:
+            raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
+        extra: dict[str, object] = {"slots": slots}
+        if label:
+            extra["label"] = label
+        pre = record_prefix(mode, extra)
+        locker = self.locker(name, slots, DEFAULT_TTL, None)
+        deadline = None if timeout is None else monotonic() + timeout
+        held = locker.acquire(mode, True, deadline, lambda s, t: build_record(pre, s, t))
+        if held is None:
+            raise self.status(name).timed_out(timeout)
+        hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
+        granted: list = []
+        try:
+            self._move(held.key, held.fence, held.lease, lease, pre, hexid, granted)
+            if held.session.stop():  # the wait's lease has this key no more: revoked if nothing else is on it
+                locker._revoke(held.lease)
+        except BaseException:
+            # Failed or interrupted (a signal's exception: `hostlock hold` unwinds on SIGTERM) before the token
+            # is returned: nobody could release the lock, so neither lease may outlive this, the new one
+            # (our key may be on it already) nor the old.
+            for new in granted:
+                locker._revoke(new)
+            locker.release(held)
+            raise
+        return fleet_token(hexid, held.fence)
+
+    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str,
+              granted: list | None = None) -> float:
+        """Put our key on a new lease of `seconds` (keeping its create_revision, hence the fence and its place);
+        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours. The new
+        lease's id is appended to `granted` as soon as it is known, for a caller that must undo the move."""
+        c = self.client
+        deadline = monotonic() + DEFAULT_TTL
+        reply = grant(c, seconds, deadline, [] if granted is None else granted)
+        new = int(reply["ID"])
+        expires = time.time() + float(reply.get("TTL") or seconds)
+        value = self._value_with_lease(key, pre, hexid, expires, deadline)
+        reply = c.call("kv/txn", {
+            "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)},
+                        {"key": b64(key), "target": "LEASE", "lease": str(old)}],
+            "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": str(new)}}]}, deadline)
+        if not reply.get("succeeded") and not self._on_lease(key, fence, new, deadline):
+            try:
+                c.call("lease/revoke", {"ID": str(new)}, deadline)
+            except (EtcdError, FleetUnavailable):
+                pass
+            raise TokenError("no lease etcd-%s on %s: it expired or was released" % (hexid, self.url.display()),
+                             reason="gone")
+        return expires
+
+    def _on_lease(self, key: bytes, fence: int, lease: int, deadline: float) -> bool:
+        """Whether `key` (still of create revision `fence`) is on `lease`: a retried move whose first try
+        went through (its answer lost) fails its compare, yet is done."""
+        kvs = self.client.call("kv/range", {"key": b64(key)}, deadline).get("kvs") or []
+        return bool(kvs) and int(kvs[0].get("create_revision") or 0) == fence and int(kvs[0].get("lease") or 0) == lease
+
+    def _value_with_lease(self, key: bytes, pre: bytes | None, hexid: str, expires: float, deadline: float) -> bytes:
+        if pre is None:  # renew: keep the record, update its lease expiry
+            kvs = self.client.call("kv/range", {"key": b64(key)}, deadline).get("kvs") or []
+            old = unb64(kvs[0].get("value")) if kvs else b""
+            fields = parse_record(old)
+            if fields is None:
+                return old
+            line = old.split(b"\n", 1)[0]
+            parts = [p for p in line.split(b"|") if not p.startswith((b"lease=", b"tid="))]
+            return b"|".join(parts) + b"|tid=etcd-%s|lease=%.3f\n" % (hexid.encode(), expires)
+        return build_record(pre, None)[:-1] + b"|tid=etcd-%s|lease=%.3f\n" % (hexid.encode(), expires)
+
+    def _token_key(self, name: str, token: str) -> tuple:
+        validate_name(name)
+        hexid, rev = split_fleet(token)
+        key = self.name_prefix(name) + hexid.encode()
+        kvs = self.client.call("kv/range", {"key": b64(key)}, monotonic() + DEFAULT_TTL).get("kvs") or []
+        if not kvs or int(kvs[0].get("create_revision") or 0) != rev:
+            raise TokenError("no lease etcd-%s on lock %r in %s: it expired, was released or broken"
+                             % (hexid, name, self.url.display()), reason="gone")
+        return key, rev, int(kvs[0].get("lease") or 0), hexid
+
+    def renew(self, name: str, token: str, lease: float | None = None) -> float:
+        """Extend a lease: to `lease` seconds from now on a new etcd lease (the key moves, keeping its place
+        and fence), or by its own TTL again (a keep-alive) when `lease` is None. Returns the new expiry."""
+        if lease is not None:
+            lease = check_duration(lease, "lease", positive=True)
+        key, rev, old, hexid = self._token_key(name, token)
+        if lease is None:
+            reply = self.client.call("lease/keepalive", {"ID": str(old)}, monotonic() + DEFAULT_TTL)
+            ttl = int((reply.get("result") or {}).get("TTL") or 0)
+            if ttl <= 0:
+                raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone")
+            expires = time.time() + ttl
+            value = self._value_with_lease(key, None, hexid, expires, monotonic() + DEFAULT_TTL)
+            self.client.call("kv/txn", {
+                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(rev)}],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value), "ignore_lease": True}}]},
+                monotonic() + DEFAULT_TTL)
+            return expires
+        expires = self._move(key, rev, old, lease, None, hexid)
+        try:
+            self.client.call("lease/revoke", {"ID": str(old)}, monotonic() + DEFAULT_TTL)
+        except EtcdError:
+            pass
+        return expires
+
+    def release(self, name: str, token: str) -> None:
+        """End a lease: the key is deleted (its lease revoked) when this returns."""
+        _key, _rev, lease, hexid = self._token_key(name, token)
+        try:
+            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic() + DEFAULT_TTL)
+        except EtcdError as e:
+            if e.code != NOT_FOUND:
+                raise
+            raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone") from None
+
+
+
+def _holder(e: Entry, slot: int | None = None) -> Holder:
+    h = Holder(e.fields, e.mode, slot)
+    h.fence = e.rev
+    h.lease_id = e.lease_hex
+    if e.fields is None:
+        h.mode = "exclusive"
+    return h

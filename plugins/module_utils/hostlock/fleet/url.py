@@ -1,0 +1,250 @@
+"""Fleet locks: the URL that names a fleet (a consensus store shared by many hosts) and the backend seam.
+
+A fleet URL names every member of one etcd cluster, the key prefix and how to connect:
+
+    etcd://[user@]host[:port][,host[:port]...][/prefix]        plain HTTP (port 2379 by default)
+    etcds://[user@]host[:port]...[/prefix][?cacert=F&cert=F&key=F]   TLS
+
+The password never appears in a URL (shell history, process lists, logs), nor in any message: it comes from
+a password file (`--fleet-password-file FILE`, $HOSTLOCK_FLEET_PASSWORD_FILE; refused when anyone but its
+owner may read it, as ssh refuses a readable key) or from $HOSTLOCK_FLEET_PASSWORD, which the command line
+removes from its environment so that no job inherits it. `backend(url)` picks the engine once from the
+scheme; everything after that (the Lock's locker, status, list, break, leases) goes through the Backend
+it returns, so another store (ZooKeeper) would be one more scheme here and one more module, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..core.errors import FleetConfigError, InvalidFleetURL
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Mapping
+
+    from ..core.model import Backend
+
+
+DEFAULT_PORT = 2379
+DEFAULT_PREFIX = "hostlock/"
+PASSWORD_ENV = "HOSTLOCK_FLEET_PASSWORD"
+PASSWORD_FILE_ENV = "HOSTLOCK_FLEET_PASSWORD_FILE"
+_PASSWORD_MAX = 65536  # a password file larger than this is not a password file
+# The command line's credentials, out of its environment (take_credentials): {"password": ..., "file": ...}.
+_TAKEN: dict = {}
+SCHEMES = ("etcd", "etcds")
+_QUERY_KEYS = ("cacert", "cert", "key")
+_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.+@-/")
+
+
+class FleetURL:
+    """A parsed fleet URL: endpoints [(host, port)], key prefix (ends with '/'), TLS files, user, password."""
+
+    __slots__ = ("scheme", "endpoints", "prefix", "tls", "cacert", "cert", "key", "user", "password", "text")
+
+    def __init__(self, scheme: str, endpoints: list, prefix: str, cacert: str | None = None,
+                 cert: str | None = None, key: str | None = None, user: str | None = None,
+                 password: str | None = None, text: str = "") -> None:
+        self.scheme, self.endpoints, self.prefix = scheme, endpoints, prefix
+        self.tls = scheme == "etcds"
+        self.cacert, self.cert, self.key = cacert, cert, key
+        self.user, self.password = user, password
+        self.text = text
+
+    @property
+    def members(self) -> str:
+        """host:port of every member, comma-separated: what error messages name."""
+        return ",".join(_hostport(h, p) for h, p in self.endpoints)
+
+    def display(self, name: str | None = None) -> str:
+        """What users see (no password, no query): etcd://h1:2379,h2:2379/hostlock/[NAME/]."""
+        return "%s://%s/%s%s" % (self.scheme, self.members, self.prefix, name + "/" if name else "")
+
+    def __repr__(self) -> str:
+        return "FleetURL(%r)" % self.display()
+
+
+def _hostport(host: str, port: int) -> str:
+    return "[%s]:%d" % (host, port) if ":" in host else "%s:%d" % (host, port)
+
+
+def _bad(url: str, why: str) -> InvalidFleetURL:
+    return InvalidFleetURL("invalid fleet URL %r: %s (expected etcd://host:port[,host:port...][/prefix])"
+                           % (mask(url), why))
+
+
+def mask(url: str) -> str:
+    """`url` with whatever stands between 'user:' and the last '@' of its members replaced by '***': a
+    password put in a URL by mistake is never repeated in a message (cron mail, logs)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    head = rest.partition("?")[0]
+    at = head.rfind("@")
+    colon = head.find(":", 0, at) if at > 0 else -1
+    if colon < 0:
+        return url
+    return scheme + sep + rest[:colon + 1] + "***" + rest[at:]
+
+
+def take_credentials(password_file: str | None = None) -> None:
+    """The command line's: move $HOSTLOCK_FLEET_PASSWORD out of the environment into this process's memory,
+    so that no job, hook or child inherits it (the password file's path is not secret and stays);
+    `password_file` (--fleet-password-file) is used before either variable."""
+    if PASSWORD_ENV in os.environ:
+        _TAKEN["password"] = os.environ.pop(PASSWORD_ENV)  # pop also unsetenv()s it for children
+    if password_file is not None:
+        _TAKEN["file"] = password_file
+
+
+def password_of(env: Mapping[str, str] | None = None) -> str | None:
+    """The password to log in with: --fleet-password-file, else $HOSTLOCK_FLEET_PASSWORD_FILE, else
+    $HOSTLOCK_FLEET_PASSWORD (both variables set: FleetConfigError, which one was meant is unclear)."""
+    environ: Mapping[str, str] = os.environ if env is None else env
+    path = _TAKEN.get("file")
+    if path is not None:
+        return read_password_file(path, "--fleet-password-file")
+    secret = environ.get(PASSWORD_ENV)
+    if secret is None and env is None:
+        secret = _TAKEN.get("password")
+    path = environ.get(PASSWORD_FILE_ENV)
+    if path:
+        if secret is not None:
+            raise FleetConfigError("both $%s and $%s are set: unset one" % (PASSWORD_FILE_ENV, PASSWORD_ENV))
+        return read_password_file(path, "$" + PASSWORD_FILE_ENV)
+    return secret
+
+
+def read_password_file(path: str, source: str) -> str:
+    """The password in `path` (its first line), refused unless it is a regular file of the caller's (or
+    root's) that nobody else may read or write: a symlink, a FIFO, a device, group/other bits all fail
+    with FleetConfigError naming the file, before any connection."""
+    import errno
+    import stat
+
+    def bad(why: str) -> FleetConfigError:
+        return FleetConfigError("fleet password file %s (%s) %s" % (path, source, why))
+
+    try:
+        # O_NOFOLLOW: a symlink planted at the path is refused, not followed; O_NONBLOCK: a FIFO cannot
+        # hang the open (it is refused just below as not a regular file).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise bad("is a symbolic link: give the file itself") from None
+        raise bad("cannot be opened: %s" % (e.strerror or e)) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad("is not a regular file")
+        if st.st_uid not in (os.geteuid(), 0):
+            raise bad("belongs to uid %d, not to you (uid %d) or root" % (st.st_uid, os.geteuid()))
+        if st.st_mode & 0o077:
+            raise bad("may be read or written by other users (mode %04o): chmod 600 it, as ssh wants of a "
+                      "key" % stat.S_IMODE(st.st_mode))
+        data = os.read(fd, _PASSWORD_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _PASSWORD_MAX:
+        raise bad("is larger than %d bytes: not a password" % _PASSWORD_MAX)
+    try:
+        text = data.decode("utf-8").split("\n", 1)[0].rstrip("\r")
+    except UnicodeDecodeError:
+        raise bad("is not UTF-8 text") from None
+    if not text:
+        raise bad("holds no password (its first line is empty)")
+    return text
+
+
+def parse(url: object, environ: dict | None = None) -> FleetURL:
+    """Parse a fleet URL; InvalidFleetURL (a ValueError) says what is wrong with it, in one line."""
+    try:
+        return _parse(url, environ)
+    except InvalidFleetURL:
+        if isinstance(url, str) and mask(url) != url:
+            # 'user:pa/ss@host' fails elsewhere first ("port 'pa'"): never a detail that quotes the secret.
+            raise _bad(url, "never put a password in the URL: use --fleet-password-file FILE or $%s"
+                       % PASSWORD_FILE_ENV) from None
+        raise
+
+
+def _parse(url: object, environ: dict | None) -> FleetURL:
+    if not isinstance(url, str):
+        raise InvalidFleetURL("fleet URL must be a string, not %r" % (url,))
+    if any(ord(c) < 33 or ord(c) == 127 for c in url):
+        raise _bad(url, "it contains spaces or control characters")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise _bad(url, "the scheme must be etcd:// or etcds:// (TLS)")
+    rest, _q, query = rest.partition("?")
+    hosts, _slash, path = rest.partition("/")
+    user = None
+    if "@" in hosts:
+        user, _at, hosts = hosts.rpartition("@")
+        if ":" in user:
+            raise _bad(url, "never put a password in the URL: use --fleet-password-file FILE or $%s"
+                       % PASSWORD_FILE_ENV)
+        if not user:
+            raise _bad(url, "empty user name before '@'")
+    endpoints = []
+    for part in hosts.split(","):
+        endpoints.append(_endpoint(url, part))
+    prefix = path.strip("/")
+    if prefix:
+        if not set(prefix) <= _PREFIX_CHARS or "//" in prefix or any(s in (".", "..") for s in prefix.split("/")):
+            raise _bad(url, "the prefix may use A-Z a-z 0-9 _ . + @ - and single slashes")
+        prefix += "/"
+    else:
+        prefix = DEFAULT_PREFIX
+    files: dict = {}
+    if query:
+        for item in query.split("&"):
+            k, eq, v = item.partition("=")
+            if k not in _QUERY_KEYS or not eq or not v:
+                raise _bad(url, "unknown or empty option %r (cacert=, cert=, key= take a file)" % item)
+            if k in files:
+                raise _bad(url, "option %r given twice" % k)
+            files[k] = _unquote(v)
+        if scheme != "etcds":
+            raise _bad(url, "cacert=, cert= and key= need TLS: use etcds://")
+        if ("cert" in files) != ("key" in files):
+            raise _bad(url, "a client certificate needs both cert= and key=")
+    password = password_of(environ) if user else None
+    return FleetURL(scheme, endpoints, prefix, files.get("cacert"), files.get("cert"), files.get("key"), user,
+                    password, url)
+
+
+def _endpoint(url: str, part: str) -> tuple:
+    if not part:
+        raise _bad(url, "an empty member")
+    if part.startswith("["):  # IPv6 literal: [::1]:2379
+        host, close, tail = part[1:].partition("]")
+        if not close or not host or (tail and not tail.startswith(":")):
+            raise _bad(url, "malformed IPv6 member %r" % part)
+        port_text = tail[1:] if tail else ""
+    else:
+        host, _colon, port_text = part.partition(":")
+        if not host or ":" in port_text:
+            raise _bad(url, "malformed member %r" % part)
+        if not all(c.isalnum() or c in "-._" for c in host) or not host.isascii():
+            raise _bad(url, "malformed host %r" % host)
+    if not port_text:
+        return (host, DEFAULT_PORT)
+    if not port_text.isdigit() or not port_text.isascii() or not 0 < int(port_text) < 65536:
+        raise _bad(url, "port %r is not a number from 1 to 65535" % port_text)
+    return (host, int(port_text))
+
+
+def _unquote(text: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(text)
+
+
+def backend(url: str) -> Backend:
+    """The Backend for a fleet URL, chosen once from its scheme (only etcd is built)."""
+    parsed = parse(url)
+    from .lock import EtcdBackend
+
+    return EtcdBackend(parsed)

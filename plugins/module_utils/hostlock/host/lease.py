@@ -1,0 +1,722 @@
+"""Leases: a lock that outlives the process that asked for it (an Ansible task, a shell step).
+
+hold() forks a detached holder (new session, double fork, every inherited descriptor closed, stdio on
+/dev/null, so it never keeps an SSH connection or a module's pipes open). The holder takes the lock, then
+keeps it until release(), until the lease ends, or until it is killed; kernel locks then free at once.
+
+The control channel is a Unix socket named by the token's public id, which status shows to anyone, so it
+is built to survive everyone who can reach it (docs/security.md, "Leases"):
+- It is a pathname socket, `.lease-ID.sock` in the lock directory (for a path lease, the path's directory
+  when no other user can change its entries), bound before the id is published anywhere, so nobody can
+  take the name first, and in a directory where nobody else can remove or replace it. Pathname sockets
+  work across network namespaces that share the filesystem (`unshare -n`, containers, PrivateNetwork=);
+  abstract ones are per network namespace, where anyone could bind a holder's name from outside it. It
+  is bound mode 0600 through the directory's descriptor (/proc/self/fd/N/NAME: nothing above it walked
+  again, no sun_path length limit), so only the holder's uid and root can connect; any peer that does is
+  checked again with SO_PEERCRED at accept, and every one that is neither the holder's uid nor root is
+  closed before a byte is read. A Linux holder whose directory cannot take the file (not writable,
+  another user could change its entries) falls back to the abstract `@hostlock-lease/ID`, reachable from
+  its own network namespace only. A SIGKILLed holder leaves its file: the next client that finds nobody
+  listening removes it (if it is that client's own or the client is root).
+- Requests and answers are proven with HMAC-SHA256 keyed by the token's secret, which never crosses the
+  socket: the holder compares the request's proof with hmac.compare_digest; the client accepts an "OK"
+  only with the holder's proof over its fresh nonce, so a process that binds the name after the holder
+  died can neither learn the secret nor fake a renewal.
+- The holder is one non-blocking selector loop: each connection has a deadline and a size bound, every
+  socket error ends only that connection, at most _MAX_CONNECTIONS idle peers are kept (the oldest are
+  told BUSY and dropped; the client then retries), and nothing a peer does can block the loop.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import os
+import stat
+import sys
+import time
+
+from ..core.errors import HostlockError, LockTimeout, TokenError
+from ..core.names import check_duration, validate_name
+from ..core.tokens import split_host
+from .pathlock import PathLock
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
+    import socket
+
+    from ..api import Lock
+
+_SOCKET_FILE = ".lease-%s.sock"  # in the lock directory: a dot file, never taken for a lock by list or gc
+_ABSTRACT_PREFIX = "\0hostlock-lease/"  # the Linux fallback where the directory cannot take the socket
+_PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
+_MAX_REQUEST = 512  # bytes: a request is one short line; longer is garbage
+_REQUEST_SECONDS = 5.0  # a peer gets this long to send its whole request
+_MAX_CONNECTIONS = 64  # idle peers kept at once (only the holder's uid and root get this far)
+_CLIENT_SECONDS = 10.0  # the most renew()/release() wait for a holder that does not answer
+
+
+def _via(dirfd: int, directory: str, entry: str) -> str:
+    """A socket address for `entry` in the directory held by `dirfd`: on Linux /proc/self/fd/N/ENTRY, walked
+    no further than that descriptor and short whatever the directory's path; elsewhere the path."""
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self/fd"):
+        return "/proc/self/fd/%d/%s" % (dirfd, entry)
+    return os.path.join(directory, entry)
+
+
+def _open_channel_dir(directory: str, path_lease: bool) -> int:
+    """The directory holding the channel's socket: the lock directory (trusted by open_directory) or, for a
+    path lease, the path's directory walked by _safepath."""
+    if path_lease:
+        from . import safepath as _safepath
+
+        return _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    from .directory import open_directory
+
+    return open_directory(directory)[0]
+
+
+def _proof(secret: str, kind: str, text: str) -> str:
+    """HMAC-SHA256 of `text` under the token's secret; `kind` keeps request and answer proofs apart."""
+    return hmac.new(secret.encode(), ("hostlock-lease %s\0%s" % (kind, text)).encode(), hashlib.sha256).hexdigest()
+
+
+_split = split_host
+
+
+class _PathHolding(PathLock):
+    """A path lock held by a lease holder: there is no owner record to update (holders come from /proc)."""
+
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None, **_fields: str) -> None:
+        return None
+
+
+def _path_name(path: str) -> str:
+    """The name a path lease answers to on its channel: one word, whatever the path holds (spaces too)."""
+    return "path-" + hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
+         timeout: float | None = None, mechanism: str = "auto", label: str | None = None,
+         in_flight: bool = False, path: str | None = None) -> str:
+    """Take `name` in a detached holder process for `lease` seconds; returns the token to release it.
+
+    With `in_flight`, a lease that runs out (rather than being released) keeps the lock until no process
+    carrying in_flight_environment(token) is left: the work it protected, still running when its owner
+    stopped renewing (a killed controller), never overlaps the next holder's.
+    With `path`, the lease holds flock(1)'s lock on that file (_pathlock.PathLock) instead of a named lock:
+    `name`, `slots`, `directory`, `mechanism` and `label` do not apply; renew() and release() take the path.
+    """
+    from ..api import Lock
+
+    lease = check_duration(lease, "lease", positive=True)
+    if timeout is not None:
+        timeout = check_duration(timeout, "timeout")  # refused here, not in the detached holder
+    if path is not None:
+        if slots != 1:
+            raise ValueError("slots does not apply to a path lock")
+        path = os.path.abspath(path)
+        name, directory = _path_name(path), os.path.dirname(path)
+    else:
+        probe = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
+        directory = probe.directory
+        probe.close()
+    token_id, secret = os.urandom(6).hex(), os.urandom(16).hex()
+    token = "%s.%s" % (token_id, secret)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child; covered by the lease tests through processes
+        try:
+            os.close(r)
+            os.setsid()
+            if os.fork() == 0:
+                _holder(w, name, lease, mode, slots, directory, timeout, mechanism, label, token_id, secret,
+                        in_flight, path)
+        finally:
+            os._exit(0)
+    os.close(w)
+    daemon = 0
+    try:
+        os.waitpid(pid, 0)
+        data = b""
+        while True:
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            data += chunk
+            if data.startswith(b"PID ") and b"\n" in data and not daemon:
+                daemon = int(data[4:data.index(b"\n")])
+    except BaseException:
+        if daemon:  # interrupted while waiting: the holder must not take the lock behind our back
+            try:
+                os.kill(daemon, 15)
+            except OSError:
+                pass
+        raise
+    finally:
+        os.close(r)
+    lines = data.decode("utf-8", "replace").splitlines()
+    last = lines[-1] if lines else ""
+    if last.startswith("OK "):
+        return token
+    if last.startswith("TIMEOUT"):
+        if path is not None:
+            raise LockTimeout("%s is busy" % path, holders=_PathHolding(path)._holders(), path=path)
+        from ..api import status
+
+        raise status(name, directory).timed_out(timeout)
+    raise HostlockError("lease holder for %r failed: %s" % (name, last[4:] if last.startswith("ERR ") else
+                                                            "it exited without a word"), directory=directory)
+
+
+def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: str, timeout: float | None,
+            mechanism: str, label: str | None, token_id: str, secret: str,
+            in_flight: bool = False, path: str | None = None) -> None:  # pragma: no cover
+    import signal
+
+    os.write(w, b"PID %d\n" % os.getpid())
+    os.chdir("/")
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    keep = {0, 1, 2, w}
+    try:
+        fds = [int(x) for x in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def report(text: str) -> None:
+        os.write(w, (text.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+
+    def stop(_sig: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a peer that hangs up is that connection's problem
+    from ..api import Lock
+
+    listener: _Listener | None = None
+    try:
+        # Bound before hold() returns the token: the name comes from the secret, so nobody can take it first.
+        listener = _Listener(directory, token_id, path is not None)
+        sock = listener.sock
+        lock: Lock | _PathHolding
+        if path is not None:
+            lock = _PathHolding(path, mode=mode)
+        else:
+            lock = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
+        expires = time.time() + lease
+        lock.update_record(lease="%.3f" % expires, tid=token_id)
+        try:
+            lock.acquire(timeout)
+        except LockTimeout:
+            listener.close()
+            report("TIMEOUT")
+            return
+        expires = time.time() + lease
+        lock.update_record(lease="%.3f" % expires)
+    except BaseException as e:  # noqa: BLE001 - reported to hold() as one line
+        if listener is not None:
+            listener.close()  # no socket file left behind by a holder that never held
+        report("ERR %s" % e)
+        return
+    report("OK %.3f" % expires)
+    os.close(w)
+    try:
+        channel = _Channel(sock, lock, name, secret, lease)
+        channel.listener = listener
+        channel.serve()
+        if in_flight and not channel.done:  # the lease ran out: its owner stopped renewing, never said "done"
+            listener.close()
+            key, value = _in_flight_entry(token_id, secret)
+            lock.update_record(lease="", job_cmdline="waiting for the in-flight work of its lease to end")
+            wait_in_flight(key, value)
+    finally:
+        listener.close()  # stop answering first, so nobody reaches a holder that no longer holds
+        lock.release()
+
+
+IN_FLIGHT_PREFIX = "HOSTLOCK_LEASE_"
+
+
+def _in_flight_entry(tid: str, secret: str) -> tuple[str, str]:
+    # The value is proven with the secret: the token id is public (status shows it), so anyone could
+    # otherwise start a process that keeps a root holder's lock past its lease.
+    return IN_FLIGHT_PREFIX + tid, _proof(secret, "in-flight", tid)[:32]
+
+
+def in_flight_environment(token: str) -> dict:
+    """The environment variable that marks a process (and its children) as work under this lease.
+
+    A lease taken with in_flight=True that runs out waits for every process carrying it before it frees
+    the lock (Ansible: the `environment:` of the block the lease protects).
+    """
+    key, value = _in_flight_entry(*_split(token))
+    return {key: value}
+
+
+def _marked(entry: bytes, own: int) -> list:
+    """Pids whose initial environment holds `entry` (KEY=VALUE), other than `own`; unreadable ones are skipped."""
+    found: list = []
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        if pid == own:
+            continue
+        try:
+            with open("/proc/%d/environ" % pid, "rb") as f:
+                # A process of another user is unreadable (EACCES) unless we are root: not work we could see.
+                if entry in f.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def wait_in_flight(key: str, value: str, poll: float = 0.2) -> None:
+    """Return once no process carries KEY=VALUE in its environment (Linux /proc; elsewhere at once).
+
+    Waits on pidfds (Linux 5.3+, Python 3.9+) of the processes found, then scans again: their children
+    inherit the mark and are found by the next scan. Without pidfds it scans every `poll` seconds.
+    """
+    import select
+
+    entry = ("%s=%s" % (key, value)).encode()
+    own = os.getpid()
+    opener = getattr(os, "pidfd_open", None)
+    while True:
+        pids = _marked(entry, own)
+        if not pids:
+            return
+        fds = []
+        for pid in pids:
+            try:
+                if opener is not None:
+                    fds.append(opener(pid))
+            except OSError:  # an old kernel, or it just ended: the next scan tells
+                pass
+        try:
+            if fds and len(fds) == len(pids):
+                waiter = select.poll()
+                for fd in fds:
+                    waiter.register(fd, select.POLLIN)  # a pidfd is readable once its process has exited
+                waiter.poll()
+            else:
+                time.sleep(poll)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+
+class _Listener:
+    """The holder's bound socket and where it lives, so that it can remove exactly its own file at the end."""
+
+    def __init__(self, directory: str, tid: str, path_lease: bool) -> None:
+        import socket
+
+        from .safepath import _entries_safe
+
+        self.dirfd = _open_channel_dir(directory, path_lease)
+        self.entry: str | None = _SOCKET_FILE % tid
+        self.ino = -1
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # A 0600 socket: only our uid and root may connect (and SO_PEERCRED checks it again at accept).
+        old = os.umask(0o177)
+        try:
+            try:
+                if not _entries_safe(os.fstat(self.dirfd)):  # another user could swap our socket for theirs
+                    raise PermissionError(errno.EPERM, "directory entries not safe from other users")
+                self.sock.bind(_via(self.dirfd, directory, self.entry))
+                self.ino = os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino
+            except OSError:
+                if not sys.platform.startswith("linux"):
+                    raise
+                # A directory that cannot take the socket (read-only, not ours): the abstract namespace,
+                # under the same secret name, reachable from this network namespace only.
+                self.entry = None
+                self.sock.bind(_ABSTRACT_PREFIX + tid)
+        finally:
+            os.umask(old)
+        # A deep backlog: connections of other users wait there only until the next accept round drops them.
+        self.sock.listen(socket.SOMAXCONN)
+        self.sock.setblocking(False)
+
+    def close(self) -> None:
+        """Stop answering and remove our socket file (only if it is still ours: same inode)."""
+        self.sock.close()
+        if self.dirfd < 0:
+            return
+        try:
+            if self.entry is not None and \
+                    os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino == self.ino:
+                os.unlink(self.entry, dir_fd=self.dirfd)
+        except OSError:
+            pass
+        os.close(self.dirfd)
+        self.dirfd = -1
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    """The connecting process's uid as the kernel saw it at connect(); None where it cannot say."""
+    import socket
+    import struct
+
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    size = struct.calcsize("3i")  # struct ucred: pid, uid, gid
+    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]
+
+
+def _send_once(conn: socket.socket, data: bytes) -> None:
+    """One non-blocking send; a peer that went away or does not read loses its answer, nothing more.
+
+    Each connection gets one line of under 200 bytes into an empty socket buffer, so a send that does not
+    fail writes it whole: there is no partial answer to keep and no slow reader to wait for.
+    """
+    import socket
+
+    try:
+        conn.send(data, socket.MSG_DONTWAIT | getattr(socket, "MSG_NOSIGNAL", 0))
+    except OSError:
+        pass
+
+
+class _Channel:
+    """The holder's side of the control channel: one non-blocking selector loop until release or expiry."""
+
+    def __init__(self, sock: socket.socket, lock: Lock | _PathHolding, name: str, secret: str, lease: float) -> None:
+        import selectors
+
+        self._events = selectors.EVENT_READ
+        # poll(), not epoll: a few dozen descriptors at most, and no extra descriptor kept by the holder.
+        self.sel = selectors.PollSelector()
+        self.sock = sock
+        self.sel.register(sock, self._events)
+        self.conns: dict = {}  # socket -> [bytes so far, deadline]; insertion order is arrival order
+        self.lock, self.name, self.secret, self.lease = lock, name, secret, lease
+        self.deadline = time.monotonic() + lease
+        self.trusted = {os.getuid(), 0}  # whoever could signal the holder anyway
+        self.done = False
+        self.listener: _Listener | None = None
+
+    def serve(self) -> None:
+        while not self.done:
+            now = time.monotonic()
+            if now >= self.deadline:
+                return
+            wake = min([self.deadline] + [c[1] for c in self.conns.values()])
+            # At most an hour per wait: far inside poll()'s int of milliseconds, whatever the rounding.
+            for key, _mask in self.sel.select(min(max(0.0, wake - now), 3600.0)):
+                if key.fileobj is self.sock:
+                    self._accept()
+                else:
+                    self._read(key.data)
+                if self.done:
+                    return
+            now = time.monotonic()
+            for conn, state in list(self.conns.items()):
+                if state[1] <= now:
+                    self._drop(conn, b"ERR request not received in time\n")
+
+    def _accept(self) -> None:
+        # A bounded round, then back to select: a flood of connects cannot keep the loop from the lease's
+        # deadline or from peers already accepted.
+        for _round in range(256):
+            try:
+                conn = self.sock.accept()[0]
+            except OSError:  # EAGAIN: drained; ECONNABORTED and the like: that peer's problem
+                return
+            try:
+                uid = _peer_uid(conn)
+                if uid is not None and uid not in self.trusted:
+                    # Not a byte read from another user: say why (never blocks) and hang up.
+                    _send_once(conn, b"ERR refused: not the lease holder's user\n")
+                    conn.close()
+                    continue
+                conn.setblocking(False)
+                self.sel.register(conn, self._events, conn)  # data: the socket, typed (fileobj is int | HasFileno)
+            except (OSError, ValueError):
+                conn.close()
+                continue
+            self.conns[conn] = [b"", time.monotonic() + _REQUEST_SECONDS]
+            self._read(conn)  # the client writes right after connect: its request is usually here already
+            if self.done:
+                return
+            while len(self.conns) > _MAX_CONNECTIONS:  # only idle peers stay: drop the oldest, it retries
+                self._drop(next(iter(self.conns)), b"BUSY\n")
+
+    def _read(self, conn: socket.socket) -> None:
+        state = self.conns.get(conn)
+        if state is None:  # dropped earlier in this round
+            return
+        try:
+            data = conn.recv(_MAX_REQUEST + 1 - len(state[0]))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._drop(conn, None)
+            return
+        if not data:
+            self._drop(conn, None)
+            return
+        state[0] += data
+        if b"\n" not in state[0]:
+            if len(state[0]) > _MAX_REQUEST:
+                self._drop(conn, b"ERR request too long\n")
+            return
+        self._forget(conn)
+        try:
+            answer = self._answer(state[0].split(b"\n", 1)[0])
+        except Exception as e:  # noqa: BLE001 - one request failed; the lease lives on
+            answer = ("ERR %s\n" % e).replace("\n", " ").strip().encode("utf-8", "replace") + b"\n"
+        _send_once(conn, answer)
+        conn.close()
+
+    def _answer(self, line: bytes) -> bytes:
+        """Check one request and act on it; an authentic request gets an answer proven with the secret."""
+        try:
+            words = line.decode("ascii").split(" ")
+        except UnicodeDecodeError:
+            return b"ERR malformed request\n"
+        if len(words) != 6 or words[0] != _PROTOCOL or len(words[3]) != 32:
+            return b"ERR malformed request (or a hostlock of another version)\n"
+        verb, name, nonce, arg, proof = words[1:]
+        expected = _proof(self.secret, "request", " ".join(words[:5]))
+        # Constant time: the comparison must not tell a guesser how much of the proof was right.
+        if not hmac.compare_digest(proof.encode(), expected.encode()):
+            return b"ERR wrong token\n"
+        if name != self.name:  # an authentic request, for another lock: the caller mixed up its tokens
+            return b"ERR wrong token: it is the lease of another lock, not of this one\n"
+        if verb == "release":
+            # Unlock first, then answer: when release() returns, the lock is free. Done first: if the
+            # unlock fails, the holder still ends (and its exit frees a kernel lock).
+            self.done = True
+            self.sel.unregister(self.sock)
+            if self.listener is not None:
+                self.listener.close()  # closed and its file removed before the answer: nothing left behind
+            else:
+                self.sock.close()
+            self.lock.release()
+            body = "OK"
+        elif verb == "renew":
+            try:
+                more = self.lease if arg == "-" else check_duration(float(arg), "lease", positive=True)
+            except ValueError as e:
+                body = "ERR %s" % e
+            else:
+                expires = time.time() + more
+                try:
+                    self.lock.update_record(lease="%.3f" % expires)
+                except (OSError, HostlockError) as e:  # keep the old deadline: the record still shows it
+                    body = "ERR cannot renew: %s" % e
+                else:
+                    self.deadline = time.monotonic() + more
+                    body = "OK %.3f" % expires
+        else:
+            body = "ERR unknown request"
+        body = body.replace("\n", " ")
+        return ("%s %s\n" % (body, _proof(self.secret, "answer", nonce + " " + body))).encode("utf-8", "replace")
+
+    def _forget(self, conn: socket.socket) -> None:
+        self.conns.pop(conn, None)
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, conn: socket.socket, say: bytes | None) -> None:
+        self._forget(conn)
+        if say:
+            _send_once(conn, say)
+        conn.close()
+
+
+def _exchange(address: str, request: bytes, deadline: float, gone: TokenError, owner: int | None = None,
+              denied: TokenError | None = None) -> str:
+    """Send one request and read one line back; '' when the holder hung up without answering.
+
+    The listening peer must be of our uid or root's (a holder refuses every other user anyway), or, for a
+    root client, of the uid that owns the socket file (`owner`): anything else is not our holder.
+    """
+    import socket
+    import struct
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        # A blocking socket with kernel timeouts, not settimeout(): Python's timeout mode makes connect()
+        # non-blocking, which fails at once with EAGAIN while the holder's backlog is full (issue 8).
+        left = max(0.001, deadline - time.monotonic())
+        tv = struct.pack("@ll", int(left), int(left % 1 * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        try:
+            sock.connect(address)
+        except OSError as e:
+            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
+                raise gone from None
+            if e.errno in (errno.EACCES, errno.EPERM):  # a 0600 socket: the holder's uid and root only
+                raise (denied or gone) from None
+            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise HostlockError("the holder of lease %s did not accept a connection within %gs" % (
+                    address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
+            raise
+        server = _peer_uid(sock)
+        me = os.geteuid()
+        if server is not None and server not in (me, 0) and not (me == 0 and server == owner):
+            raise gone
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # it hung up at once (BUSY, refused): its answer may still be waiting to be read
+        reply = b""
+        try:
+            while not reply.endswith(b"\n") and len(reply) < 4096:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        except (BlockingIOError, InterruptedError):
+            raise HostlockError("the holder of lease %s did not answer within %gs" % (
+                address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+    finally:
+        sock.close()
+    return reply.decode("ascii", "backslashreplace").strip() if reply.endswith(b"\n") else ""
+
+
+def _find_channel(directory: str, tid: str, denied: TokenError) -> tuple[int, str | None, int | None]:
+    """Where the holder listens: (dirfd, socket file, its owner uid), or (-1, None, None) for the abstract
+    fallback (Linux; also where the directory is gone: then nobody answers and the lease is gone).
+    Raises `denied` where we may not look: the directory is not ours to search."""
+    from . import safepath as _safepath
+
+    entry = _SOCKET_FILE % tid
+    try:
+        # Walked, never created (open_directory would make a missing lock directory).
+        dirfd = _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except _safepath.UnsafePath as e:
+        from ..core.errors import LockDirectoryError
+
+        raise LockDirectoryError("cannot reach lease %s in %s: %s" % (tid, directory, e), directory=directory,
+                                 errno=e.errno) from None
+    except PermissionError:
+        raise denied from None
+    except OSError:
+        return -1, None, None
+    try:
+        st = os.stat(entry, dir_fd=dirfd, follow_symlinks=False)
+    except OSError as e:
+        os.close(dirfd)
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise denied from None
+        return -1, None, None
+    if not stat.S_ISSOCK(st.st_mode):  # never connect through a symlink (or to anything but a socket)
+        os.close(dirfd)
+        return -1, None, None
+    return dirfd, entry, st.st_uid
+
+
+def _remove_stale(dirfd: int, directory: str, entry: str, owner: int | None) -> None:
+    """A socket file nobody listens on is a holder's that was killed (SIGKILL leaves it): remove it if it
+    is ours to remove. Its name came from a secret, so no live holder can have bound it again."""
+    import socket
+
+    if owner not in (os.geteuid(),) and os.geteuid() != 0:
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(_via(dirfd, directory, entry))
+    except ConnectionRefusedError:
+        try:
+            os.unlink(entry, dir_fd=dirfd)
+        except OSError:
+            pass
+    except OSError:
+        pass
+    finally:
+        probe.close()
+
+
+def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-", path: str | None = None) -> str:
+    """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
+    from .directory import default_directory
+
+    tid, secret = _split(token)
+    if path is not None:  # a lease on a path (hold(path=...)): its channel answers to the path's name
+        path = os.path.abspath(path)
+        name, directory = _path_name(path), os.path.dirname(path)
+    else:
+        validate_name(name)
+        directory = os.path.abspath(directory or default_directory())
+    shown = path if path is not None else name
+    gone = TokenError("no lease %s on lock %r: it expired, was released, or its holder died" % (tid, shown),
+                      directory=directory, reason="gone")
+    denied = TokenError("lease %s refused the request for lock %r: not the lease holder's user" % (tid, shown),
+                        directory=directory, reason="refused")
+    deadline = time.monotonic() + _CLIENT_SECONDS
+    dirfd, entry, owner = _find_channel(directory, tid, denied)
+    try:
+        while True:
+            nonce = os.urandom(16).hex()
+            text = "%s %s %s %s %s" % (_PROTOCOL, verb, name, nonce, arg)
+            request = ("%s %s\n" % (text, _proof(secret, "request", text))).encode()
+            if entry is None:
+                reply = _exchange(_ABSTRACT_PREFIX + tid, request, deadline, gone)
+            else:
+                try:
+                    reply = _exchange(_via(dirfd, directory, entry), request, deadline, gone, owner, denied)
+                except TokenError:
+                    _remove_stale(dirfd, directory, entry, owner)
+                    raise
+            if reply != "BUSY":
+                break
+            if time.monotonic() >= deadline:  # the holder kept dropping us for newer peers: only its own uid can
+                raise HostlockError("the holder of lease %s stayed busy for %gs" % (tid, _CLIENT_SECONDS),
+                                    directory=directory, errno=errno.ETIMEDOUT)
+    finally:
+        if dirfd >= 0:
+            os.close(dirfd)
+    if not reply:
+        raise gone
+    body, _sep, proof = reply.rpartition(" ")
+    proven = hmac.compare_digest(proof.encode(), _proof(secret, "answer", nonce + " " + body).encode())
+    if body.startswith("OK") and proven:
+        return body
+    if reply.startswith("OK"):
+        # Only the holder knows the secret: an unproven OK comes from whoever took the name after it ended.
+        raise gone
+    raise TokenError("lease %s refused the request for lock %r: %s" % (tid, shown, (body if proven else reply)[4:]
+                                                                       or "no answer"),
+                     directory=directory, reason="refused")
+
+
+def channel_address(directory: str, token: str) -> str:
+    """The holder's socket file for this token in `directory` (what a connect would reach; for tests)."""
+    return os.path.join(directory, _SOCKET_FILE % _split(token)[0])
+
+
+
+def renew(name: str, token: str, lease: float | None = None, directory: str | None = None,
+          path: str | None = None) -> float:
+    """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""
+    if lease is not None:
+        lease = check_duration(lease, "lease", positive=True)
+    reply = _request(name, token, directory, "renew", "-" if lease is None else repr(lease), path)
+    return float(reply.split()[1])
+
+
+def release(name: str, token: str, directory: str | None = None, path: str | None = None) -> None:
+    """End a lease: its holder releases the lock and exits."""
+    _request(name, token, directory, "release", path=path)
