@@ -568,10 +568,10 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     renew,
     status,
 )
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.lease import hold as hold_path
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.lease import in_flight_environment
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.lease import release as release_path
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.lease import renew as renew_path
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import hold as hold_path
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import in_flight_environment
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import release as release_path
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import renew as renew_path
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str"),
@@ -599,7 +599,7 @@ MUTUALLY_EXCLUSIVE = [("token", "force"), ("name", "path")]
 REQUIRED_ONE_OF = [("name", "path")]
 
 
-# A bound, not a delay: the holder unlocks first and then answers (hostlock.host.lease), so when release() returns the
+# A bound, not a delay: the holder unlocks first and then answers (hostlock.lease), so when release() returns the
 # lock is free and settle() normally returns at once; this bounds it should status still show our holder.
 RELEASE_SETTLE = 2.0
 # A heartbeat lease's default length: the controller renews it every quarter of it.
@@ -707,7 +707,7 @@ class Task:
             step = SELF_CHECK_EVERY if left is None else min(left, SELF_CHECK_EVERY)
             try:
                 # in_flight: a lease that runs out waits for the processes carrying its environment mark
-                if self.path:  # the engine's lease on flock(1)'s lock on a file (hostlock.host.lease.hold(path=))
+                if self.path:  # the engine's lease on flock(1)'s lock on a file (hostlock.lease.hold(path=))
                     token = hold_path(self.name, lease=p["lease"], mode=p["mode"], timeout=step, in_flight=True,
                                       path=self.path)
                 else:

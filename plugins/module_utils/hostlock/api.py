@@ -17,7 +17,6 @@ from .core.errors import HostlockError, LockFileError, LockLost, LockTimeout, Me
 from .core.model import MODES, LockStatus
 from .core.names import check_duration, validate_name
 from .core.owner import Holder, _Self, build_record, parse_record, record_prefix
-from .core.tokens import token_id as _token_id
 from .host import kernel as _kernel
 from .host.directory import (
     MECHANISM_CHOICES,
@@ -58,7 +57,7 @@ def _record_mechanism() -> RecordMechanism:
     return RecordMechanism()
 
 
-_FLEET = __name__.rpartition(".")[0] + ".fleet.url"  # hostlock.fleet.url, wherever hostlock is imported from
+_FLEET = __name__.rpartition(".")[0] + ".fleet"  # hostlock.fleet, wherever hostlock is imported from
 
 
 def fleet_backend(fleet: str) -> Backend:
@@ -502,54 +501,3 @@ def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
 
 def _shared(dirfd: int) -> bool:
     return bool(os.fstat(dirfd).st_mode & 0o020)
-
-
-def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, label: str | None = None,
-         timeout: float | None = None, directory: str | None = None, mechanism: str = "auto",
-         in_flight: bool = False, fleet: str | None = None) -> str:
-    """Take `name` for `lease` seconds beyond this process; returns the token for renew()/release().
-
-    On a host (host.lease.hold): a detached holder process. With `fleet=URL` (and mode, slots, label,
-    timeout): an etcd lease of TTL `lease`, which outlives this process with no helper at all.
-    The lease code (and socket) loads only when used: the command line's `run` never pays for it.
-    """
-    if fleet:
-        if directory is not None or mechanism != "auto" or in_flight:
-            raise ValueError("a fleet lease lives in etcd: give fleet= without directory=, mechanism= or in_flight=")
-        return fleet_backend(fleet).hold(name, lease, mode, slots, label, timeout)
-    from .host.lease import hold as _hold
-
-    return _hold(name, lease, mode=mode, slots=slots, directory=directory, timeout=timeout, mechanism=mechanism,
-                 label=label, in_flight=in_flight)
-
-
-def renew(name: str, token: str, lease: float | None = None, directory: str | None = None, *,
-          fleet: str | None = None) -> float:
-    """Extend (or shorten) a lease to `lease` seconds from now; returns the new expiry (epoch)."""
-    if fleet:
-        return fleet_backend(fleet).renew(name, token, lease)
-    from .host.lease import renew as _renew
-
-    return _renew(name, token, lease, directory)
-
-
-def release(name: str, token: str, directory: str | None = None, *, fleet: str | None = None) -> None:
-    """End a lease: the lock is free when this returns."""
-    if fleet:
-        fleet_backend(fleet).release(name, token)
-        return
-    from .host.lease import release as _release
-
-    _release(name, token, directory)
-
-
-def prune_unused(older_than: float, directory: str | None = None, dry_run: bool = False) -> list:
-    """Remove lock files nobody holds or waits for and nobody used for `older_than` seconds (host.gc)."""
-    from .host.gc import collect
-
-    return collect(directory or default_directory(), older_than, dry_run)
-
-
-def token_id(token: str) -> str:
-    """The public id of a lease token (what status shows); TokenError if it is malformed."""
-    return _token_id(token)

@@ -19,7 +19,7 @@ import pytest
 from engine_helpers import LIB
 
 import hostlock
-from hostlock.host import lease as _lease
+from hostlock import lease as _lease
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 PYTHON = "/usr/bin/python3"  # the attacker needs no hostlock: plain sockets, readable by nobody

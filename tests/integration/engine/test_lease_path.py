@@ -1,4 +1,4 @@
-"""Leases on a path (hostlock.host.lease.hold(path=...)): the detached holder keeps flock(1)'s own lock on the
+"""Leases on a path (hostlock.lease.hold(path=...)): the detached holder keeps flock(1)'s own lock on the
 file, so the real /usr/bin/flock waits for it and it waits for flock(1); renew and release reach it by path.
 """
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 import hostlock
-from hostlock.host import lease as _lease
+from hostlock import lease as _lease
 
 FLOCK = shutil.which("flock") or "/usr/bin/flock"
 pytestmark = pytest.mark.skipif(not os.access(FLOCK, os.X_OK), reason="util-linux flock(1) not installed")

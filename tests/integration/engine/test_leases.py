@@ -166,7 +166,7 @@ def test_an_expired_in_flight_lease_waits_for_the_marked_work(lockdir, tmp_path)
     import sys
 
     token = hostlock.hold("f", lease=30, directory=lockdir, in_flight=True)
-    from hostlock.host.lease import in_flight_environment
+    from hostlock.lease import in_flight_environment
 
     mark = in_flight_environment(token)
     ((key, value),) = mark.items()
@@ -201,7 +201,7 @@ def test_a_released_in_flight_lease_frees_at_once(lockdir, tmp_path):
     import sys
 
     token = hostlock.hold("g", lease=30, directory=lockdir, in_flight=True)
-    from hostlock.host.lease import in_flight_environment
+    from hostlock.lease import in_flight_environment
 
     gate = tmp_path / "gate"
     marked = subprocess.Popen([sys.executable, "-c", "import os,sys,time\nwhile not os.path.exists(sys.argv[1]): "

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostlock
-from hostlock.host import lease as _lease
+from hostlock import lease as _lease
 
 SECRET = "0123456789abcdef" * 2
 

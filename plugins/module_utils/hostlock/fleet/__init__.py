@@ -1,2 +1,18 @@
 """Fleet locks in etcd v3. Loaded only when a fleet URL is given (api loads it by name), so nothing of it
 reaches a managed host in a module's payload."""
+
+from __future__ import annotations
+
+from .url import parse
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.model import Backend
+
+
+def backend(url: str) -> Backend:
+    """The Backend for a fleet URL, chosen once from its scheme (only etcd is built)."""
+    parsed = parse(url)
+    from .lock import EtcdBackend
+
+    return EtcdBackend(parsed)

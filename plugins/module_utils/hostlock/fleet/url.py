@@ -23,7 +23,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping
 
-    from ..core.model import Backend
 
 
 DEFAULT_PORT = 2379
@@ -240,11 +239,3 @@ def _unquote(text: str) -> str:
     from urllib.parse import unquote
 
     return unquote(text)
-
-
-def backend(url: str) -> Backend:
-    """The Backend for a fleet URL, chosen once from its scheme (only etcd is built)."""
-    parsed = parse(url)
-    from .lock import EtcdBackend
-
-    return EtcdBackend(parsed)

@@ -37,16 +37,16 @@ import stat
 import sys
 import time
 
-from ..core.errors import HostlockError, LockTimeout, TokenError
-from ..core.names import check_duration, validate_name
-from ..core.tokens import split_host
-from .pathlock import PathLock
+from .core.errors import HostlockError, LockTimeout, TokenError
+from .core.names import check_duration, validate_name
+from .core.tokens import split_host
+from .host.pathlock import PathLock
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
     import socket
 
-    from ..api import Lock
+    from .api import Lock
 
 _SOCKET_FILE = ".lease-%s.sock"  # in the lock directory: a dot file, never taken for a lock by list or gc
 _ABSTRACT_PREFIX = "\0hostlock-lease/"  # the Linux fallback where the directory cannot take the socket
@@ -69,10 +69,10 @@ def _open_channel_dir(directory: str, path_lease: bool) -> int:
     """The directory holding the channel's socket: the lock directory (trusted by open_directory) or, for a
     path lease, the path's directory walked by _safepath."""
     if path_lease:
-        from . import safepath as _safepath
+        from .host import safepath as _safepath
 
         return _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    from .directory import open_directory
+    from .host.directory import open_directory
 
     return open_directory(directory)[0]
 
@@ -108,7 +108,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     With `path`, the lease holds flock(1)'s lock on that file (_pathlock.PathLock) instead of a named lock:
     `name`, `slots`, `directory`, `mechanism` and `label` do not apply; renew() and release() take the path.
     """
-    from ..api import Lock
+    from .api import Lock
 
     lease = check_duration(lease, "lease", positive=True)
     if timeout is not None:
@@ -163,7 +163,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     if last.startswith("TIMEOUT"):
         if path is not None:
             raise LockTimeout("%s is busy" % path, holders=_PathHolding(path)._holders(), path=path)
-        from ..api import status
+        from .api import status
 
         raise status(name, directory).timed_out(timeout)
     raise HostlockError("lease holder for %r failed: %s" % (name, last[4:] if last.startswith("ERR ") else
@@ -201,7 +201,7 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a peer that hangs up is that connection's problem
-    from ..api import Lock
+    from .api import Lock
 
     listener: _Listener | None = None
     try:
@@ -324,7 +324,7 @@ class _Listener:
     def __init__(self, directory: str, tid: str, path_lease: bool) -> None:
         import socket
 
-        from .safepath import _entries_safe
+        from .host.safepath import _entries_safe
 
         self.dirfd = _open_channel_dir(directory, path_lease)
         self.entry: str | None = _SOCKET_FILE % tid
@@ -600,14 +600,14 @@ def _find_channel(directory: str, tid: str, denied: TokenError) -> tuple[int, st
     """Where the holder listens: (dirfd, socket file, its owner uid), or (-1, None, None) for the abstract
     fallback (Linux; also where the directory is gone: then nobody answers and the lease is gone).
     Raises `denied` where we may not look: the directory is not ours to search."""
-    from . import safepath as _safepath
+    from .host import safepath as _safepath
 
     entry = _SOCKET_FILE % tid
     try:
         # Walked, never created (open_directory would make a missing lock directory).
         dirfd = _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except _safepath.UnsafePath as e:
-        from ..core.errors import LockDirectoryError
+        from .core.errors import LockDirectoryError
 
         raise LockDirectoryError("cannot reach lease %s in %s: %s" % (tid, directory, e), directory=directory,
                                  errno=e.errno) from None
@@ -651,7 +651,7 @@ def _remove_stale(dirfd: int, directory: str, entry: str, owner: int | None) -> 
 
 def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-", path: str | None = None) -> str:
     """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
-    from .directory import default_directory
+    from .host.directory import default_directory
 
     tid, secret = _split(token)
     if path is not None:  # a lease on a path (hold(path=...)): its channel answers to the path's name
