@@ -35,6 +35,8 @@ import time
 import typing as t
 import warnings
 
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.procstat import start_ticks
+
 # Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant. Any
 # user can bind any free abstract name, so the name must be one nobody else can know first: see _address.
 SOCKET_PREFIX = "\0hostlock-heartbeat/"
@@ -79,12 +81,7 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _start_ticks(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[19].decode()
-    except (OSError, IndexError):
-        return None
+_start_ticks = start_ticks
 
 
 def stop(token: str, timeout: float = 10.0) -> bool:

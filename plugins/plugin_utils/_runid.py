@@ -15,14 +15,12 @@ import hashlib
 import os
 import socket
 
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.procstat import start_ticks
+
 
 def _start_ticks(pid: int) -> str:
     """The process's start time in clock ticks (Linux /proc); a pid alone can be reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rpartition(b")")[2].split()[19].decode()
-    except (OSError, IndexError):  # not Linux: the pid and host must do
-        return "?"
+    return start_ticks(pid) or "?"  # not Linux: the pid and host must do
 
 
 def run_id() -> str:

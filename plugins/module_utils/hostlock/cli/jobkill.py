@@ -28,6 +28,8 @@ import _signal
 import os
 import time
 
+from ..core import procstat
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
@@ -35,25 +37,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgrp, start time in clock ticks) from /proc/PID/stat, or None if it is gone."""
-    try:
-        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, 1024)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return _parse(data)
+    return _parse(procstat.read(pid))
 
 
-def _parse(data: bytes) -> tuple[str, int, int, int] | None:
-    # The command name may hold spaces and parentheses: the fields start after the last ')'.
+def _parse(data: bytes | None) -> tuple[str, int, int, int] | None:
+    fields = procstat.split(data)
     try:
-        fields = data.rsplit(b")", 1)[1].split()
-        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19])
-    except (IndexError, ValueError):
+        return (fields[procstat.STATE].decode(), int(fields[procstat.PPID]), int(fields[procstat.PGRP]),
+                int(fields[procstat.START])) if fields else None
+    except ValueError:
         return None
 
 

@@ -39,6 +39,7 @@ import os
 import sys
 import time
 
+from ..core import procstat
 from . import common as c
 
 TYPE_CHECKING = False
@@ -350,7 +351,7 @@ def _watch(r: int, keep: list[int]) -> None:
                 line, data = data.split(b"\n", 1)
                 if not first:
                     first = line
-                    job_stat = _read_stat(int(line.split()[0]))  # its start time: proof against pid reuse
+                    job_stat = procstat.read(int(line.split()[0])) or b""  # its start time: proof against pid reuse
                 elif line.startswith(b"v "):  # "v DEADLINE GRACE": the lease was renewed up to DEADLINE
                     words = line.split()
                     deadline, grace, deferred = float(words[1]), float(words[2]), False
@@ -392,23 +393,8 @@ def _readable_before(fd: int, deadline: float) -> bool:
 
 def _running(pid: int) -> bool:
     """Whether `pid` is there and not stopped or traced (state T or t in /proc/PID/stat)."""
-    stat = _read_stat(pid)
-    try:
-        state = stat.rsplit(b")", 1)[1].split()[0]
-    except IndexError:
-        return False
-    return state not in (b"T", b"t", b"Z", b"X")
-
-
-def _read_stat(pid: int) -> bytes:
-    try:
-        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, 1024)
-    finally:
-        os.close(fd)
+    fields = procstat.fields(pid)
+    return fields is not None and fields[procstat.STATE] not in (b"T", b"t", b"Z", b"X")
 
 
 class Outcome:

@@ -16,6 +16,8 @@ try:  # optional, only where /proc is missing (BSD, macOS)
 except ImportError:  # pragma: no cover - depends on the host
     psutil = None
 
+from . import procstat  # noqa: E402  # after the optional import above
+
 MAGIC = "HL1"
 _HAS_PROC = os.path.isdir("/proc/self")
 
@@ -31,12 +33,7 @@ def _read(path: str) -> str | None:
 def start_time(pid: int) -> str | None:
     """Start time of `pid` as a comparable token, or None if it cannot be read (fail closed: unknown)."""
     if _HAS_PROC:
-        stat = _read("/proc/%d/stat" % pid)
-        if stat is None:
-            return None
-        # comm (field 2) may hold spaces and ')': split after the last ')'; field 22 is index 19 after it.
-        fields = stat[stat.rfind(")") + 2:].split()
-        return fields[19] if len(fields) > 19 else None
+        return procstat.start_ticks(pid)
     if psutil is not None:
         try:
             return "ps:%r" % psutil.Process(pid).create_time()
@@ -116,15 +113,17 @@ def is_alive(pid: int | None, start: str | None, boot: str | None, host: str | N
     if pid is None or pid <= 0 or pid > 0x7FFFFFFF:
         return None  # no pid, or none that can exist (kill() takes a C int): a record's number, not a process
     if _HAS_PROC:
-        stat = _read("/proc/%d/stat" % pid)
-        if stat is None:
+        data = procstat.read(pid)
+        if data is None:
             return _signal_probe(pid)  # gone, or /proc hidden from us (hidepid)
-        rest = stat[stat.rfind(")") + 2:].split()
-        if rest and rest[0] in ("Z", "X"):
+        rest = procstat.split(data)
+        if rest is None:
+            return None
+        if rest[procstat.STATE] in (b"Z", b"X"):
             return False  # a zombie holds no files and runs no code
         if start is None:
             return None
-        return len(rest) > 19 and rest[19] == start
+        return rest[procstat.START].decode() == start
     current = start_time(pid)
     if current is None:
         return _signal_probe(pid)

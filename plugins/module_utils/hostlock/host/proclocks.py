@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from ..core import procstat
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -124,12 +126,12 @@ def cmdline_of(pid: int, proc: str = "/proc") -> str:
 
 
 def _ppid_uid(pid: int, proc: str = "/proc") -> tuple[int, int | None]:
-    data = _read("%s/%d/stat" % (proc, pid))
+    fields = procstat.fields(pid, proc)
     ppid = -1
-    if data:
+    if fields:
         try:
-            ppid = int(data[data.rindex(b")") + 2:].split()[1])
-        except (ValueError, IndexError):
+            ppid = int(fields[procstat.PPID])
+        except ValueError:
             pass
     try:
         uid: int | None = os.stat("%s/%d" % (proc, pid)).st_uid
