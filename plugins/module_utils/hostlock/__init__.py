@@ -1,8 +1,9 @@
-"""hostlock: on one host, work that must not overlap never overlaps.
+"""hostlock: work that must not overlap never overlaps, on one host or across a fleet.
 
-Exclusive locks, shared locks and N-slot semaphores by name, on kernel locks that vanish with their holder
-(Linux OFD locks; flock() elsewhere), served in arrival order, with an owner record that answers "who holds
-it" and serves as the fallback mechanism where kernel locks are unavailable.
+Exclusive locks, shared locks and N-slot semaphores by name: on a host, on kernel locks that vanish with
+their holder (Linux OFD locks; flock() elsewhere), served in arrival order, with an owner record that
+answers "who holds it" and serves as the fallback mechanism where kernel locks are unavailable; across
+hosts (fleet=URL), in etcd v3. This module is the public API; docs/layout.md maps the parts behind it.
 """
 
 from __future__ import annotations

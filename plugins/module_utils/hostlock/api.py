@@ -1,7 +1,7 @@
 """The policy layer: names, directories, timeouts, re-entrancy, threads, fork; mechanisms do the locking.
 
-A Lock picks one locker (_lockers: kernel ranges or owner files) when it is made and holds at most one
-acquisition at a time. Timeouts, re-entrancy within a thread, exclusion between threads of one process and
+A Lock picks one locker when it is made (host.lockers: kernel ranges or owner files; or its fleet Backend's
+etcd queue) and holds at most one acquisition at a time. Timeouts, re-entrancy within a thread, exclusion between threads of one process and
 fork safety live here, once, for every mechanism.
 """
 

@@ -67,7 +67,7 @@ def _via(dirfd: int, directory: str, entry: str) -> str:
 
 def _open_channel_dir(directory: str, path_lease: bool) -> int:
     """The directory holding the channel's socket: the lock directory (trusted by open_directory) or, for a
-    path lease, the path's directory walked by _safepath."""
+    path lease, the path's directory walked by host.safepath."""
     if path_lease:
         from .host import safepath as _safepath
 
@@ -105,7 +105,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     With `in_flight`, a lease that runs out (rather than being released) keeps the lock until no process
     carrying in_flight_environment(token) is left: the work it protected, still running when its owner
     stopped renewing (a killed controller), never overlaps the next holder's.
-    With `path`, the lease holds flock(1)'s lock on that file (_pathlock.PathLock) instead of a named lock:
+    With `path`, the lease holds flock(1)'s lock on that file (host.pathlock.PathLock) instead of a named lock:
     `name`, `slots`, `directory`, `mechanism` and `label` do not apply; renew() and release() take the path.
     """
     from .api import Lock

@@ -1,9 +1,9 @@
 """The `hostlock` command: a better flock(1), with status, leases and a cron mode (manual: docs/cli.md).
 
-This module only dispatches: each subcommand lives in `_cli_run` or `_cli_cron` (run, cron: the hot path,
-hand-parsed in `_cli_options`, jobs supervised by `_supervise`), `_cli_flock` (flock: flock(1)'s command
+This module only dispatches: each subcommand lives in `cli.run` or `cli.cron` (run, cron: the hot path,
+hand-parsed in `cli.options`, jobs supervised by `cli.supervise`), `cli.flock` (flock: flock(1)'s command
 line, hand-parsed too) or
-`_cli_admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used).
+`cli.admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used).
 """
 
 from __future__ import annotations

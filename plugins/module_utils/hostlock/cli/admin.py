@@ -223,11 +223,6 @@ def _check_fleet(command: str, ns: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------ status/list
 
 
-def holder_json(h: Holder) -> dict[str, Any]:
-    """One holder in the documented JSON shape: the engine's one serializer."""
-    return h.to_json()
-
-
 def _state(st: LockStatus) -> str:
     return st.state
 
@@ -396,7 +391,7 @@ def cmd_status_path(ns: argparse.Namespace) -> int:
 
     path = ns.path
     try:
-        # The inode `flock`/`run --path` would lock: symlinks followed by the same rules (_safepath).
+        # The inode `flock`/`run --path` would lock: symlinks followed by the same rules (host.safepath).
         st = _safepath.stat_path(path)
     except _safepath.UnsafePath as exc:
         c.say("cannot stat %s: %s" % (c.one_line(path), exc))

@@ -1,6 +1,6 @@
 """`hostlock cron`: the mode for crontab entries. Run the command unless another copy still runs, capture
 its output, and stay silent unless it fails (then print the output and one status line, so cron mails
-only what matters). The command line is in `_cli_options`, the supervisor in `_supervise`.
+only what matters). The command line is in `cli.options`, the supervisor in `cli.supervise`.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main_cron(args: list[str]) -> int:
     lock = None
     try:
         try:
-            lock = make_lock(o, waker() if o.fleet is not None else None)  # see _cli_run
+            lock = make_lock(o, waker() if o.fleet is not None else None)  # see cli.run
             if o.verbose:
                 c.say("cron job lock %s in %s" % (o.name, where(lock)))
             lock.acquire(timeout=o.wait)

@@ -283,7 +283,7 @@ def parse(args: list[str]) -> Options:
 
 
 def open_file(filename: str, flags: int) -> tuple[int, int]:
-    """flock.c's open_file() (shared with `run --path`: _pathlock.open_path); exits 66/71/73 with flock(1)'s
+    """flock.c's open_file() (shared with `run --path`: host.pathlock.open_path); exits 66/71/73 with flock(1)'s
     message. The descriptor is close-on-exec here; run_command decides whether the command inherits it."""
     try:
         return _pathlock.open_path(filename, flags)

@@ -1,7 +1,7 @@
 """The watcher's last duty when hostlock died mid-job: kill the job's whole process tree, and return only
 once every process of it is gone (a zombie counts as gone: it runs nothing and holds no descriptor).
 
-Imported only then, in the watcher (see `_supervise`), which still holds the lock: the lock is free only
+Imported only then, in the watcher (see `cli.supervise`), which still holds the lock: the lock is free only
 after this returns. What counts as the job:
 - every process whose environment carries the job's tag (HOSTLOCK_JOB=..., set by the supervisor and
   inherited by everything the job starts: it survives setsid(), double forks and orphaning, which is how

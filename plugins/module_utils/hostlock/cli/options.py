@@ -1,6 +1,6 @@
 """The command lines of `hostlock run` and `hostlock cron`: help texts, `Options`, `parse`, `make_lock`.
 
-Parsed by hand with `_cli_common.getopt` (argparse costs ~12 ms on a path started once per job).
+Parsed by hand with `cli.common.getopt` (argparse costs ~12 ms on a path started once per job).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..host.directory import MECHANISM_CHOICES
 from . import common as c
 from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
-FLEET_DEFAULT_TTL = 10.0  # _etcd_lock.DEFAULT_TTL (not imported: host locks never load the fleet engine)
+FLEET_DEFAULT_TTL = 10.0  # fleet.lock.DEFAULT_TTL (not imported: host locks never load the fleet engine)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover

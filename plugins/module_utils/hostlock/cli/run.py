@@ -1,6 +1,6 @@
 """`hostlock run`: run a command while holding a lock, the lock and the job living and dying together.
 
-The command line is in `_cli_options`, the process supervisor in `_supervise` (its docstring has the
+The command line is in `cli.options`, the process supervisor in `cli.supervise` (its docstring has the
 design); this module takes the lock, runs the job and turns what happened into the exit status.
 """
 

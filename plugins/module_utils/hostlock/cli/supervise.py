@@ -27,7 +27,7 @@ Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
   that is alive but stopped can do neither, so the watcher also gets the lease's deadline ("v DEADLINE
   GRACE" lines, as renewals move it) and kills the job when it passes while hostlock is stopped.
 - Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
-  no subprocess, argparse, re or json). The watcher's killing code (`_jobkill`) is imported only by a
+  no subprocess, argparse, re or json). The watcher's killing code (`cli.jobkill`) is imported only by a
   watcher whose hostlock died.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Key layout (etcd's own concurrency.Mutex, so `etcdctl lock PREFIX/NAME` and hostlock exclude each other):
 every holder or waiter of NAME is one key `<prefix><NAME>/<lease id hex>`, attached to one etcd lease per
-acquisition, its value the owner record (_owner.build_record, plus `slots`). Order is create_revision:
+acquisition, its value the owner record (core.owner.build_record, plus `slots`). Order is create_revision:
 
 - exclusive (and etcdctl's empty value): holds when no key of NAME has a lower create_revision;
 - shared: holds when no non-shared key has a lower create_revision (a waiting writer blocks later readers:
@@ -580,7 +580,7 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
 
 
 class EtcdLocker:
-    """The locker (see _lockers) of one fleet lock name: acquire/release/records through etcd."""
+    """The locker (see host.lockers) of one fleet lock name: acquire/release/records through etcd."""
 
     def __init__(self, backend: EtcdBackend, name: str, slots: int, ttl: float,
                  on_lost: Callable[[], object] | None) -> None:
@@ -837,7 +837,7 @@ class EtcdLocker:
 
 
 class EtcdBackend:
-    """The fleet Backend on etcd (see _fleet.Backend): one client (its connections) per fleet URL."""
+    """The fleet Backend on etcd (see fleet.url.Backend): one client (its connections) per fleet URL."""
 
     def __init__(self, url: FleetURL) -> None:
         self.url = url

@@ -8,9 +8,10 @@ A fleet URL names every member of one etcd cluster, the key prefix and how to co
 The password never appears in a URL (shell history, process lists, logs), nor in any message: it comes from
 a password file (`--fleet-password-file FILE`, $HOSTLOCK_FLEET_PASSWORD_FILE; refused when anyone but its
 owner may read it, as ssh refuses a readable key) or from $HOSTLOCK_FLEET_PASSWORD, which the command line
-removes from its environment so that no job inherits it. `backend(url)` picks the engine once from the
-scheme; everything after that (the Lock's locker, status, list, break, leases) goes through the Backend
-it returns, so another store (ZooKeeper) would be one more scheme here and one more module, nothing else.
+removes from its environment so that no job inherits it. fleet.backend(url) picks the store once from the
+scheme; everything after that (the Lock's locker, status, list, break, leases) goes through the Backend it
+returns (core.model.Backend). Another store (ZooKeeper) would be one more scheme here, its module beside
+fleet/lock.py, and its line in fleet.backend.
 """
 
 from __future__ import annotations

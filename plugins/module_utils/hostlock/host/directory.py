@@ -92,7 +92,7 @@ def open_directory(path: str) -> tuple[int, bool]:
     if "\0" in path:
         raise LockDirectoryError("lock directory path contains a NUL byte", directory=path)
     try:
-        # Every component walked (_safepath): no symlink another user could plant above the directory.
+        # Every component walked (host.safepath): no symlink another user could plant above the directory.
         fd = _safepath.open_directory(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
     except _safepath.UnsafePath as e:
         raise LockDirectoryError("cannot open lock directory %s: %s" % (path, e), directory=path,
@@ -135,7 +135,7 @@ def _create(path: str) -> None:
         _create_parents(path, parent)
     try:
         # Private by default; sharing with a group is an administrator's decision (the cli role). Made in
-        # the parent as walked (_safepath), so a symlink swapped in above it cannot move it elsewhere.
+        # the parent as walked (host.safepath), so a symlink swapped in above it cannot move it elsewhere.
         pfd = _safepath.open_path(os.path.dirname(path.rstrip("/")) or ".", os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         try:
             os.mkdir(os.path.basename(path.rstrip("/")), 0o700 if os.geteuid() else 0o755, dir_fd=pfd)

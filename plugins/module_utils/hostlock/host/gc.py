@@ -5,7 +5,7 @@ waiter locks the old inode, a newcomer creates a new one; filelock #574, portalo
 file only while it holds a write lock over the WHOLE file, which conflicts with every holder, waiter and
 queue ticket, and with the OPEN range every Lock read-locks while it has the file open; a Lock that
 opened the file just before the unlink sees st_nlink == 0 once it has taken OPEN and opens the name again
-(_lockers.KernelLocker._open). So a name is removed only when nobody holds it, waits for it or has it
+(host.lockers.KernelLocker._open). So a name is removed only when nobody holds it, waits for it or has it
 open, and its file has not been written (every acquisition writes its owner record) for `older_than`
 seconds.
 """

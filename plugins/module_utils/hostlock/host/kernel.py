@@ -294,7 +294,7 @@ class KernelMechanism:
         alarm = _waiting.alarm(deadline) if slots == 1 else None
         if alarm is not None:
             # The main thread waits in fcntl() itself, on its own description, exactly as an untimed wait;
-            # the alarm's signal ends the wait at the deadline (see _waiting).
+            # the alarm's signal ends the wait at the deadline (see host.waiting).
             try:
                 return self._queued(f, mode, slots, owned=False, fifo=fifo, alarm=alarm)
             finally:

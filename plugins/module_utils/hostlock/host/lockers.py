@@ -1,8 +1,9 @@
-"""The one interface between a Lock (policy, in _api) and a mechanism (kernel ranges, or owner files).
+"""The host mechanisms behind the Locker interface (core.model): kernel ranges, or owner files.
 
-A Lock picks its locker once, in its constructor, from the directory's recorded mechanism; from then on it
-never asks which mechanism it has. Each locker implements only the mechanism's steps, each with what must
-hold afterwards; timeouts, re-entrancy, threads and fork policy stay in _api.
+A Lock (policy, in api) picks its locker once, in its constructor: from the directory's recorded mechanism
+for host locks (here), or from its fleet Backend (fleet.lock.EtcdLocker); from then on it never asks which
+mechanism it has. Each locker implements only the mechanism's steps, each with what must hold afterwards;
+timeouts, re-entrancy, threads and fork policy stay in api.
 """
 
 from __future__ import annotations

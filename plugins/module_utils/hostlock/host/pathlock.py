@@ -7,7 +7,7 @@ byte range). The file is never truncated or written. Unlike named locks, the cal
 safety; two dangers are closed without changing what a correct flock script sees:
 - a FIFO would block open() forever (filelock #549): opened non-blocking, then refused;
 - a symlink another user could have planted or swapped, in any component of the path, is refused
-  (_safepath), so root cannot be made to create or lock a file elsewhere; flock(1) follows them all.
+  (host.safepath), so root cannot be made to create or lock a file elsewhere; flock(1) follows them all.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _open(path: str, flags: int, mode: int) -> int:
 
 def open_path(path: str, flags: int) -> tuple[int, int]:
     """Open `path` as flock(1) does; returns (fd, flags used). Raises OSError, or LockFileError for a FIFO
-    or a symlink another user could have planted in any component of the path (_safepath: flock(1)
+    or a symlink another user could have planted in any component of the path (host.safepath: flock(1)
     follows them all). The descriptor is close-on-exec (callers decide who inherits it)."""
     fl = (flags or os.O_RDONLY) | os.O_NOCTTY | os.O_CREAT
     try:
@@ -114,7 +114,7 @@ def lock_with_timeout(fd: int, op: int, timeout: float | None, ofd: bool = False
 
 class PathLock:
     """A flock(1)-compatible lock on a path, with the part of Lock's interface `hostlock run` drives
-    (`_cli_options.RunLock`). Conflicts raise LockTimeout naming the holders found in /proc (`_proclocks`)."""
+    (`cli.options.RunLock`). Conflicts raise LockTimeout naming the holders found in /proc (`host.proclocks`)."""
 
     def __init__(self, path: str, mode: str = "exclusive", ofd: bool = False) -> None:
         self.path = path
