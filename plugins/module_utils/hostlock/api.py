@@ -1,8 +1,8 @@
 """The policy layer: names, directories, timeouts, re-entrancy, threads, fork; mechanisms do the locking.
 
 A Lock picks one locker when it is made (host.lockers: kernel ranges or owner files; or its fleet Backend's
-etcd queue) and holds at most one acquisition at a time. Timeouts, re-entrancy within a thread, exclusion between threads of one process and
-fork safety live here, once, for every mechanism.
+etcd queue) and holds at most one acquisition at a time. Timeouts, re-entrancy within a thread, exclusion
+between threads of one process and fork safety live here, once, for every mechanism.
 """
 
 from __future__ import annotations
