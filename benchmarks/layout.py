@@ -166,7 +166,8 @@ def table(before: Side, after: Side, args: argparse.Namespace) -> str:
                 f"| {med[b]['start'] * 1000:.1f} ms | {med[a]['start'] * 1000:.1f} ms "
                 f"| {med[a]['start'] / med[b]['start']:.2f}x |")
     rows.append(f"| engine: uncontended `with Lock(name)` cycle (median of {args.repeats} x {args.cycles}) "
-                f"| {med[b]['cyc'] * 1e6:.1f} us | {med[a]['cyc'] * 1e6:.1f} us | {med[a]['cyc'] / med[b]['cyc']:.2f}x |")
+                f"| {med[b]['cyc'] * 1e6:.1f} us | {med[a]['cyc'] * 1e6:.1f} us "
+                f"| {med[a]['cyc'] / med[b]['cyc']:.2f}x |")
     head = (f"`python benchmarks/layout.py --docs docs/benchmarks.md` (before: {args.before}, the generated copy; "
             f"after: this checkout), both sides interleaved in one run on {os.cpu_count()} cores, Python "
             f"{sys.version.split()[0]}. Target: no payload carries fleet or command-line code, and start-up and the "

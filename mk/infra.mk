@@ -67,3 +67,8 @@ lint-ansible: venv roles-collection
 bench-engine: venv
 	$(PY) -m pip install --quiet -r requirements/bench.txt
 	$(PY) benchmarks/engine.py --docs docs/benchmarks.md $(BENCH_ARGS)
+
+# Before and after the one-source layout (issue 25): payloads, a locked task, start-up, the engine.
+.PHONY: bench-layout
+bench-layout: venv
+	$(PY) benchmarks/layout.py --docs docs/benchmarks.md $(BENCH_ARGS)
