@@ -35,6 +35,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     status,
     token_id,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.tokens import fence_of
 
 # The controller's environment variable naming the fleet, as for the hostlock command (--fleet).
 FLEET_ENV = "HOSTLOCK_FLEET"
@@ -72,14 +73,6 @@ def ttl_of(args: dict) -> float | None:
     if not ttl > 0:
         raise ValueError(f"ttl must be more than 0 seconds (got {args['ttl']})")
     return ttl
-
-
-def fence_of(token: str) -> int | None:
-    """The fencing token inside a fleet lease token (`hostlock-etcd.<lease hex>.<create revision>`)."""
-    try:
-        return int(token.rsplit(".", 1)[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def holder_dicts(name: str, fleet: str) -> tuple[list, str]:
