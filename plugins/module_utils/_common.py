@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+import typing as t
 
 # The key under which every hostlock.core result reports its lock timings, so the
 # hostlock.core.serialize callback can build its recap without knowing each plugin's result shape.
@@ -83,17 +84,27 @@ def live_holders(holders: list) -> list:
     return [h for h in holders if not h.get("stale")]
 
 
+class _Taker(t.NamedTuple):
+    """A holder record as the admission rule sees it."""
+
+    mode: str
+    slots: int
+
+
 def would_acquire(holders: list, mode: str, slots: int) -> bool:
     """Whether a lock with these holders admits one more holder in `mode` (check mode's prediction).
 
-    It mirrors the engine's rules without taking anything: an exclusive lock or an N-slot semaphore
-    admits while fewer than `slots` live holders exist; a shared lock admits while no live holder is
-    exclusive. Waiters queued before us are not counted: they can only delay us, not refuse us.
+    The engine's admission rule (core/admission.py), applied without taking anything to the live holders.
+    Holder records do not say a semaphore's size: a lock's exclusive holders are counted as takers of the size
+    asked (a lock name has one size on a host). Waiters queued before us are not counted: they can only delay
+    us, not refuse us.
     """
-    live = live_holders(holders)
-    if mode == "shared":
-        return all(h.get("mode") == "shared" for h in live)
-    return len(live) < max(1, int(slots))
+    from .hostlock.core.admission import blockers  # a leaf: the rule, none of the engine's mechanisms
+
+    slots = max(1, int(slots))
+    takers = [_Taker("shared", 1) if h.get("mode") == "shared" else _Taker("exclusive", slots)
+              for h in live_holders(holders)]
+    return not blockers(takers, mode, slots)
 
 
 # The engine's messages address the command line (HOSTLOCK_DIR); a module's user sets `directory:`.
