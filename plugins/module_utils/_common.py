@@ -12,7 +12,6 @@ wording and arithmetic the Ansible side needs on top of it.
 from __future__ import annotations
 
 import re
-import time
 import typing as t
 
 # The key under which every hostlock.core result reports its lock timings, so the
@@ -31,45 +30,11 @@ def lease_marker(label: str | None) -> str | None:
     return f"[run {found.group(1)}]" if found else None
 
 
-def _clock(epoch: float | None) -> str:
-    """Render an epoch as local HH:MM:SS (what an operator compares with `date`)."""
-    if epoch is None:
-        return "?"
-    return time.strftime("%H:%M:%S", time.localtime(epoch))
-
-
-def _short(text: str | None, limit: int = 80) -> str:
-    """A holder's command line or label, as one inert line: it is text another user may have written."""
-    from .hostlock.core.text import one_line  # a leaf: only the escape, none of the command line's code
-
-    text = one_line(" ".join((text or "").split()))  # whitespace runs (newlines too) to one space
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def holder_summary(holder: dict) -> str:
     """One line naming a holder: who (pid, user, command or job), why (label) and until when."""
-    h = holder
-    parts = [f"pid {h.get('pid')}"]
-    if h.get("user"):
-        parts.append(f"user {h['user']}")
-    if h.get("job_pid"):
-        parts.append(f"job pid {h['job_pid']} '{_short(h.get('job_cmdline'))}'")
-    elif h.get("cmdline"):
-        parts.append(f"'{_short(h['cmdline'])}'")
-    if h.get("label"):
-        parts.append(f'label "{_short(h["label"])}"')
-    if h.get("mode") and h.get("mode") != "exclusive":
-        parts.append(str(h["mode"]))
-    if h.get("slot") is not None:
-        parts.append(f"slot {h['slot']}")
-    if h.get("acquired_at"):
-        parts.append(f"since {_clock(h['acquired_at'])}")
-    if h.get("lease_expires"):
-        parts.append(f"lease until {_clock(h['lease_expires'])}")
-    if h.get("stale"):
-        parts.append("STALE")
-    where = f" on {h['hostname']}" if h.get("hostname") else ""
-    return ", ".join(parts) + where
+    from .hostlock.core.owner import describe_holder  # the engine's one holder text, in its detailed form
+
+    return describe_holder(holder, detailed=True)
 
 
 def describe_holders(holders: list) -> str:
