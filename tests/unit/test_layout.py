@@ -125,8 +125,8 @@ def test_arrows_point_one_way():
 
 
 @pytest.mark.parametrize("plugin", sorted(
-    [p for p in (ROOT / "plugins" / "modules").glob("*.py")]
-    + [p for p in (ROOT / "plugins" / "module_utils").glob("*.py")]), ids=lambda p: p.name)
+    [*(ROOT / "plugins" / "modules").glob("*.py"), *(ROOT / "plugins" / "module_utils").glob("*.py")]),
+    ids=lambda p: p.name)
 def test_what_runs_on_a_host_imports_no_fleet_or_command_line(plugin):
     known = set(modules())
     name = "hostlock._plugin_" + plugin.stem  # resolved as if beside the engine: only absolute imports count

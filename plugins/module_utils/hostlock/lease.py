@@ -707,7 +707,6 @@ def channel_address(directory: str, token: str) -> str:
     return os.path.join(directory, _SOCKET_FILE % _split(token)[0])
 
 
-
 def renew(name: str, token: str, lease: float | None = None, directory: str | None = None,
           path: str | None = None) -> float:
     """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""

@@ -11,10 +11,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from hostlock.cli import admin as admin  # noqa: E402
+from hostlock.cli import admin, flock, options  # noqa: E402
 from hostlock.cli import common as c  # noqa: E402
-from hostlock.cli import flock as flock  # noqa: E402
-from hostlock.cli import options as options  # noqa: E402
 from hostlock.core.names import MAX_DURATION  # noqa: E402
 
 # Values that have broken parsers before (issue 8 item 8) or sit on a boundary, and any text at all.

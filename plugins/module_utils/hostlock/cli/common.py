@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ..core.errors import (  # noqa: F401  # exit codes and their mapping: one home (core.errors), used as c.*
+from ..core.errors import (  # noqa: F401  # pylint: disable=unused-import  # exit codes: one home (core.errors), used as c.*
     EX_CANTCREAT,
     EX_CONFIG,
     EX_DATAERR,
@@ -25,7 +25,7 @@ from ..core.errors import (  # noqa: F401  # exit codes and their mapping: one h
     errno_exit_code,
     error_exit_code,
 )
-from ..core.text import CONTROL, join_command, one_line, quote  # noqa: F401
+from ..core.text import CONTROL, join_command, one_line, quote  # noqa: F401  # pylint: disable=unused-import
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
@@ -105,7 +105,6 @@ def conflict_text(name: str, exc: BaseException, waited: float | None) -> str:
     held = "; ".join(parts[:3]) + ("; and %d more" % (len(parts) - 3) if len(parts) > 3 else "")
     gave_up = "" if not waited else " (waited %s)" % format_span(waited)
     return "lock %s is busy%s%s" % (name, gave_up, ": held by " + held if held else "")
-
 
 
 def format_time(epoch: float | None) -> str:

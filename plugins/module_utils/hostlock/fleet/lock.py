@@ -1047,7 +1047,6 @@ class EtcdBackend:
             raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone") from None
 
 
-
 def _holder(e: Entry, slot: int | None = None) -> Holder:
     h = Holder(e.fields, e.mode, slot)
     h.fence = e.rev

@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping
 
 
-
 DEFAULT_PORT = 2379
 DEFAULT_PREFIX = "hostlock/"
 PASSWORD_ENV = "HOSTLOCK_FLEET_PASSWORD"
