@@ -27,6 +27,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
+from ansible_collections.hostlock.core.plugins.modules.locked import LOCK_OPTIONS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
@@ -77,21 +78,13 @@ BLOCK_HINT = (
     "block (docs/ansible.md, 'Several tasks'): the lock then lives as long as the block's work."
 )
 
+# The module's lock options (one home: plugins/modules/locked.py), as a task writes them.
 ARGUMENT_SPEC = dict(
-    name=dict(type="str"),
+    LOCK_OPTIONS,
     # a file on the managed host (flock(1)'s lock on it): str, the module expands it there
     path=dict(type="str"),
-    lease=dict(type="raw"),
-    timeout=dict(type="raw"),
-    mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
-    slots=dict(type="int", default=1),
-    # str, not path: the directory is on the managed host, the module expands it there.
-    directory=dict(type="str"),
-    label=dict(type="str"),
-    on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
+    # as written in the task ({MODULE: ARGS} or {module: M, args: A}): split_task reads either for the module
     task=dict(type="dict", required=True),
-    fleet=dict(type="str"),
-    ttl=dict(type="raw"),
 )
 # What the wrapped module finds in its environment under a fleet lock (as `hostlock run --fleet` jobs do).
 FENCE_ENV = "HOSTLOCK_FENCE"
@@ -136,7 +129,7 @@ class ActionModule(ActionBase):
         # raises AnsibleActionFail naming the bad option; args are the validated, defaulted ones
         try:
             _validation, args = self.validate_argument_spec(
-                ARGUMENT_SPEC, mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")]
+                ARGUMENT_SPEC, mutually_exclusive=MUTUALLY_EXCLUSIVE, required_one_of=REQUIRED_ONE_OF
             )
         except AnsibleActionFail as e:  # ansible-core names the plugin by its file's import path: say the task's
             raise AnsibleActionFail(str(e.message).replace(str(self._load_name), LOCKED_MODULE)) from None

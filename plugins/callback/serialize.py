@@ -200,7 +200,6 @@ author:
 
 import hashlib
 import os
-import re
 import resource
 import time
 import typing as t
@@ -229,6 +228,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors
     describe_error,
     error_exit_code,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.names import MAX_NAME_LENGTH, name_chars
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
 
@@ -242,7 +242,6 @@ FLEET_BUDGET = 128
 # Hosts hash into this many buckets. Every run must use the same number (it decides which bucket lock
 # covers a host), so it is a constant, not an option.
 BUCKETS = 64
-_BAD_CHARS = re.compile(r"[^A-Za-z0-9._+@-]")
 MARK_HOST = "HOSTLOCK_SERIALIZE_HOST"
 MARK_RUN = "HOSTLOCK_SERIALIZE_RUN"
 WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
@@ -292,12 +291,12 @@ exit 0
 
 def lock_name(prefix: str, host: str) -> str:
     """A valid lock name for a host; names needing changes get a hash so two hosts never collide."""
-    clean = _BAD_CHARS.sub("_", host)
+    clean = name_chars(host)
     name = prefix + clean
     # a host starting with "." is hashed too: prefix + ".bucket-NN" belongs to the bucket locks
-    if clean != host or len(name) > 100 or host.startswith("."):
+    if clean != host or len(name) > MAX_NAME_LENGTH or host.startswith("."):
         digest = hashlib.sha256(host.encode("utf-8", "surrogateescape")).hexdigest()[:10]
-        name = f"{name[:89]}-{digest}"
+        name = f"{name[:MAX_NAME_LENGTH - 1 - len(digest)]}-{digest}"
     return name
 
 

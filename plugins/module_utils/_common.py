@@ -12,7 +12,7 @@ wording and arithmetic the Ansible side needs on top of it.
 from __future__ import annotations
 
 import re
-import time
+import typing as t
 
 # The key under which every hostlock.core result reports its lock timings, so the
 # hostlock.core.serialize callback can build its recap without knowing each plugin's result shape.
@@ -30,45 +30,11 @@ def lease_marker(label: str | None) -> str | None:
     return f"[run {found.group(1)}]" if found else None
 
 
-def _clock(epoch: float | None) -> str:
-    """Render an epoch as local HH:MM:SS (what an operator compares with `date`)."""
-    if epoch is None:
-        return "?"
-    return time.strftime("%H:%M:%S", time.localtime(epoch))
-
-
-def _short(text: str | None, limit: int = 80) -> str:
-    """A holder's command line or label, as one inert line: it is text another user may have written."""
-    from .hostlock.core.text import one_line  # a leaf: only the escape, none of the command line's code
-
-    text = one_line(" ".join((text or "").split()))  # whitespace runs (newlines too) to one space
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def holder_summary(holder: dict) -> str:
     """One line naming a holder: who (pid, user, command or job), why (label) and until when."""
-    h = holder
-    parts = [f"pid {h.get('pid')}"]
-    if h.get("user"):
-        parts.append(f"user {h['user']}")
-    if h.get("job_pid"):
-        parts.append(f"job pid {h['job_pid']} '{_short(h.get('job_cmdline'))}'")
-    elif h.get("cmdline"):
-        parts.append(f"'{_short(h['cmdline'])}'")
-    if h.get("label"):
-        parts.append(f'label "{_short(h["label"])}"')
-    if h.get("mode") and h.get("mode") != "exclusive":
-        parts.append(str(h["mode"]))
-    if h.get("slot") is not None:
-        parts.append(f"slot {h['slot']}")
-    if h.get("acquired_at"):
-        parts.append(f"since {_clock(h['acquired_at'])}")
-    if h.get("lease_expires"):
-        parts.append(f"lease until {_clock(h['lease_expires'])}")
-    if h.get("stale"):
-        parts.append("STALE")
-    where = f" on {h['hostname']}" if h.get("hostname") else ""
-    return ", ".join(parts) + where
+    from .hostlock.core.owner import describe_holder  # the engine's one holder text, in its detailed form
+
+    return describe_holder(holder, detailed=True)
 
 
 def describe_holders(holders: list) -> str:
@@ -83,17 +49,27 @@ def live_holders(holders: list) -> list:
     return [h for h in holders if not h.get("stale")]
 
 
+class _Taker(t.NamedTuple):
+    """A holder record as the admission rule sees it."""
+
+    mode: str
+    slots: int
+
+
 def would_acquire(holders: list, mode: str, slots: int) -> bool:
     """Whether a lock with these holders admits one more holder in `mode` (check mode's prediction).
 
-    It mirrors the engine's rules without taking anything: an exclusive lock or an N-slot semaphore
-    admits while fewer than `slots` live holders exist; a shared lock admits while no live holder is
-    exclusive. Waiters queued before us are not counted: they can only delay us, not refuse us.
+    The engine's admission rule (core/admission.py), applied without taking anything to the live holders.
+    Holder records do not say a semaphore's size: a lock's exclusive holders are counted as takers of the size
+    asked (a lock name has one size on a host). Waiters queued before us are not counted: they can only delay
+    us, not refuse us.
     """
-    live = live_holders(holders)
-    if mode == "shared":
-        return all(h.get("mode") == "shared" for h in live)
-    return len(live) < max(1, int(slots))
+    from .hostlock.core.admission import blockers  # a leaf: the rule, none of the engine's mechanisms
+
+    slots = max(1, int(slots))
+    takers = [_Taker("shared", 1) if h.get("mode") == "shared" else _Taker("exclusive", slots)
+              for h in live_holders(holders)]
+    return not blockers(takers, mode, slots)
 
 
 # The engine's messages address the command line (HOSTLOCK_DIR); a module's user sets `directory:`.

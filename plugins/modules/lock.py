@@ -534,20 +534,19 @@ hostlock:
 """
 
 import time
+import typing as t
 
 from ansible.module_utils.basic import AnsibleModule
 
 # First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
 from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
-    RESULT_KEY,
     describe_holders,
     engine_message,
     lease_marker,
     live_holders,
     path_holder_dicts,
     path_params_error,
-    would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     SELF_CHECK_EVERY,
@@ -557,6 +556,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     detach,
     own_holders,
 )
+from ansible_collections.hostlock.core.plugins.module_utils._task import LockTask
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     LockTimeout,
@@ -614,16 +614,15 @@ class Conflict(Exception):
         self.result = result
 
 
-class Task:
-    """One run of the module: parameters, the lock's directory and holders, and the result it builds."""
+class Task(LockTask):
+    """One run of the module: a host lock (named, or flock(1)'s on a file) taken through a lease holder."""
 
     def __init__(self, module: AnsibleModule) -> None:
+        p = module.params
+        super().__init__(p, p["name"] or p["path"], module.check_mode)
         self.module = module
-        self.p = module.params
-        self.path: str | None = self.p["path"]
-        self.name: str = self.p["name"] or self.path
-        self.directory: str | None = self.p["directory"]
-        self.holders: list = []
+        self.path: str | None = p["path"]
+        self.directory: str | None = p["directory"]
         self.resolved: str | None = ""
         self.refresh()
 
@@ -635,40 +634,28 @@ class Task:
         self.holders, self.resolved = [h.as_dict() for h in st.holders], st.directory
         return self.holders
 
+    def location(self) -> dict:
+        return dict(directory=self.resolved, path=self.path) if self.path else dict(directory=self.resolved)
+
     def status_hint(self) -> str:
         return f"hostlock status --path {self.path}" if self.path else f"hostlock status {self.name}"
 
-    def token_id(self) -> str:
-        # A token is "<token_id>.<secret>" (hostlock leases): the id is public, shown in holder records.
-        return (self.p["token"] or "").partition(".")[0]
+    def lease_fields(self, token: str) -> dict:
+        return dict(environment=in_flight_environment(token))
 
-    def mine(self, token_id: str | None) -> dict | None:
-        return next((h for h in live_holders(self.holders) if token_id and h.get("token_id") == token_id), None)
+    def warn(self, msg: str) -> None:
+        self.module.warn(msg)
 
-    def result(self, event: str, changed: bool, msg: str, waited: float = 0.0, **extra: object) -> dict:
-        report = dict(name=self.name, event=event, waited=waited)
-        report.update((k, extra[k]) for k in ("token_id", "lease_expires") if extra.get(k) is not None)
-        out = dict(changed=changed, msg=msg, waited=waited, holders=self.holders, directory=self.resolved)
-        if self.path:
-            out["path"] = self.path
-        out.setdefault("acquired", False)
-        out.update(extra)
-        out[RESULT_KEY] = report
-        return out
+    def refuse(self, msg: str) -> t.NoReturn:
+        self.module.fail_json(msg=msg, holders=self.holders, directory=self.resolved)
+        raise AssertionError("unreachable: fail_json exits")  # for the type checker (ansible-core is untyped here)
+
+    def force_hint(self) -> str:
+        return "" if self.path else super().force_hint()
 
     # -- state=acquired ------------------------------------------------------------------------------
-    def acquire(self) -> dict:
+    def take(self) -> dict:
         p = self.p
-        if p["token"]:
-            return self.renew()
-        if self.module.check_mode:
-            free = would_acquire(self.holders, p["mode"], p["slots"])
-            if free:
-                return self.result("check", True, f"lock {self.name} is free: a real run takes it", free=True)
-            wait = f"up to {p['timeout']}s" if p["timeout"] is not None else "until it is released"
-            busy = describe_holders(live_holders(self.holders))
-            return self.result("check", False, f"lock {self.name} is held by {busy}: a real run would wait {wait}",
-                               free=False)
         started = time.monotonic()
         try:
             token = self.hold(started)
@@ -691,7 +678,7 @@ class Task:
         expires = mine.get("lease_expires") or time.time() + p["lease"]
         return self.result("acquired", True, f"took lock {self.name} (waited {waited}s, lease {p['lease']}s)",
                            waited, acquired=True, token=token, token_id=token_id, lease_expires=expires,
-                           lease=p["lease"], environment=in_flight_environment(token))
+                           lease=p["lease"], **self.lease_fields(token))
 
     def hold(self, started: float) -> str:
         """hold() in slices: between them, fail at once on a holder of our own run, stop if the controller left."""
@@ -735,58 +722,28 @@ class Task:
         except HostlockError:  # gone already: nothing is held
             pass
 
-    def renew(self) -> dict:
-        token_id = self.token_id()
-        if self.module.check_mode:
-            held = self.mine(token_id) is not None
-            return self.result("check", held, f"would renew the lease on {self.name}" if held else
-                               f"the token holds no lease on {self.name}: a real run fails", token_id=token_id)
-        try:
-            if self.path:
-                expires = renew_path(self.name, self.p["token"], lease=self.p["lease"], path=self.path)
-            else:
-                expires = renew(self.name, self.p["token"], lease=self.p["lease"], directory=self.directory)
-        except TokenError as e:
-            live = live_holders(self.holders)
-            now = describe_holders(live) if live else "nobody"  # never "released meanwhile": maybe never held
-            if getattr(e, "reason", "") in ("malformed", "refused"):
-                raise HostlockError(f"cannot renew: {e}. The token is not a lease on this lock (a wrong token: "
-                                    f"another lock's, or from another run); holders now: {now}") from e
-            raise HostlockError(f"cannot renew: {e}. The lock is not ours any more: take it again "
-                                f"(holders now: {now})") from e
-        self.refresh()
-        until = time.strftime("%H:%M:%S", time.localtime(expires))
-        return self.result("renewed", True, f"renewed the lease on {self.name} until {until}", acquired=True,
-                           token=self.p["token"], token_id=token_id, lease_expires=expires,
-                           environment=in_flight_environment(self.p["token"]))
+    def engine_renew(self, token: str, lease: float | None) -> float:
+        if self.path:
+            return renew_path(self.name, token, lease=lease, path=self.path)
+        return renew(self.name, token, lease=lease, directory=self.directory)
+
+    def renew_refused(self, error: TokenError) -> HostlockError:
+        live = live_holders(self.holders)
+        now = describe_holders(live) if live else "nobody"  # never "released meanwhile": maybe never held
+        if getattr(error, "reason", "") in ("malformed", "refused"):
+            return HostlockError(f"cannot renew: {error}. The token is not a lease on this lock (a wrong token: "
+                                 f"another lock's, or from another run); holders now: {now}")
+        return HostlockError(f"cannot renew: {error}. The lock is not ours any more: take it again "
+                             f"(holders now: {now})")
 
     # -- state=released ------------------------------------------------------------------------------
-    def release(self) -> dict:
-        if not self.p["token"]:
-            return self.break_lock()
-        token_id = self.token_id()
-        mine = self.mine(token_id)
-        if self.module.check_mode:
-            msg = f"would release the lease {token_id} on {self.name}" if mine else "the token holds no lease"
-            return self.result("check", mine is not None, msg, released=[mine] if mine else [], token_id=token_id)
-        try:
-            if self.path:
-                release_path(self.name, self.p["token"], path=self.path)
-            else:
-                release(self.name, self.p["token"], directory=self.directory)
-        except TokenError as e:
-            if getattr(e, "reason", "") in ("malformed", "refused"):
-                # a wrong secret for a live lease: the lock is NOT released, the task must say so
-                raise
-            self.module.warn(f"lock {self.name}: the token holds no lease: it was released already or its lease "
-                             f"ran out ({e}). Holders now: {describe_holders(live_holders(self.holders))}")
-            return self.result("released", False, f"the lease on {self.name} was not held any more",
-                               released=[], token_id=token_id)
-        self.settle(token_id)
-        return self.result("released", True, f"released lock {self.name}", released=[mine] if mine else [],
-                           token_id=token_id)
+    def engine_release(self, token: str) -> None:
+        if self.path:
+            release_path(self.name, token, path=self.path)
+        else:
+            release(self.name, token, directory=self.directory)
 
-    def settle(self, token_id: str) -> None:
+    def released(self, token_id: str) -> None:
         """Return once our lease holder is gone, so the next task finds the lock free."""
         deadline = time.monotonic() + RELEASE_SETTLE
         while self.mine(token_id) and time.monotonic() < deadline:
@@ -794,27 +751,18 @@ class Task:
             self.refresh()
 
     def break_lock(self) -> dict:
-        live = live_holders(self.holders)
-        if not self.p["force"]:
-            if not live:
-                return self.result("released", False, f"lock {self.name} is not held", released=[])
-            hint = "" if self.path else ", or force=true to break the lock"
-            self.module.fail_json(msg=f"lock {self.name} is held by {describe_holders(live)}; pass the token "
-                                  f"returned when it was acquired{hint}",
-                                  holders=self.holders, directory=self.resolved)
-        if self.path:  # the kernel lock of a file: no record proves what its holders are, so nobody is ended
+        if self.path and self.p["force"]:
+            # the kernel lock of a file: no record proves what its holders are, so nobody is ended
+            live = live_holders(self.holders)
             if not live:
                 return self.result("released", False, f"lock {self.name} is not held", released=[])
             self.module.fail_json(msg=f"lock {self.name}: force=true breaks named locks only; the kernel lock on "
                                   f"this file is held by {describe_holders(live)} (see: {self.status_hint()})",
                                   holders=self.holders, path=self.path)
-        if self.module.check_mode:
-            return self.result("check", bool(live), f"would break lock {self.name} held by {describe_holders(live)}",
-                               released=live)
-        removed = [h.as_dict() for h in break_lock(self.name, directory=self.directory, force=True)]
-        self.refresh()
-        msg = f"broke lock {self.name}: ended {describe_holders(removed)}" if removed else f"{self.name} is not held"
-        return self.result("broken", bool(removed), msg, released=removed)
+        return super().break_lock()
+
+    def engine_break(self) -> list:
+        return [h.as_dict() for h in break_lock(self.name, directory=self.directory, force=True)]
 
 
 def params_error(p: dict) -> str | None:

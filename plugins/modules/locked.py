@@ -387,16 +387,27 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.pathlock import PathLock
 
-ARGUMENT_SPEC = dict(
+# The lock's options, which the action (plugins/action/locked.py) validates on the controller too.
+LOCK_OPTIONS = dict(
     name=dict(type="str"),
     path=dict(type="path"),
     lease=dict(type="raw"),
     timeout=dict(type="raw"),
     mode=dict(type="str", choices=["exclusive", "shared"], default="exclusive"),
     slots=dict(type="int", default=1),
+    # str, not path: the directory is on the managed host, the module expands it there.
     directory=dict(type="str"),
     label=dict(type="str"),
     on_conflict=dict(type="str", choices=["fail", "skip"], default="fail"),
+    # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
+    fleet=dict(type="str"),
+    ttl=dict(type="raw"),
+)
+MUTUALLY_EXCLUSIVE = [("name", "path")]
+REQUIRED_ONE_OF = [("name", "path")]
+ARGUMENT_SPEC = dict(
+    LOCK_OPTIONS,
+    # the action's `task` ({MODULE: ARGS}) as it sends it: module and args apart
     task=dict(
         type="dict",
         required=True,
@@ -405,9 +416,6 @@ ARGUMENT_SPEC = dict(
     # the wrapped module's arguments can hold secrets: never echo the payload back (invocation, logs)
     payload=dict(type="str", no_log=True),
     controller=dict(type="str"),
-    # handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
-    fleet=dict(type="str"),
-    ttl=dict(type="raw"),
 )
 
 
@@ -419,7 +427,7 @@ def holder_dicts(name: str, directory: str | None, path: str | None = None) -> l
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
-                           mutually_exclusive=[("name", "path")], required_one_of=[("name", "path")])
+                           mutually_exclusive=MUTUALLY_EXCLUSIVE, required_one_of=REQUIRED_ONE_OF)
     p = module.params
     name = p["name"] or p["path"]
     path_error = path_params_error(p)

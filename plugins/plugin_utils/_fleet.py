@@ -16,12 +16,12 @@ import time
 import typing as t
 
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
-    RESULT_KEY,
     describe_holders,
     live_holders,
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils._runner import own_holders
+from ansible_collections.hostlock.core.plugins.module_utils._task import LockTask
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     Lock,
@@ -35,6 +35,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     status,
     token_id,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.tokens import fence_of
 
 # The controller's environment variable naming the fleet, as for the hostlock command (--fleet).
 FLEET_ENV = "HOSTLOCK_FLEET"
@@ -72,14 +73,6 @@ def ttl_of(args: dict) -> float | None:
     if not ttl > 0:
         raise ValueError(f"ttl must be more than 0 seconds (got {args['ttl']})")
     return ttl
-
-
-def fence_of(token: str) -> int | None:
-    """The fencing token inside a fleet lease token (`hostlock-etcd.<lease hex>.<create revision>`)."""
-    try:
-        return int(token.rsplit(".", 1)[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def holder_dicts(name: str, fleet: str) -> tuple[list, str]:
@@ -133,18 +126,30 @@ def conflict_msg(name: str, path: str, fleet: str, waited: float, holders: list)
             f"(see: hostlock status --fleet {fleet} {name})")
 
 
-class Lease:
+class Lease(LockTask):
     """hostlock.core.lock with `fleet`: an etcd lease with TTL = the lease, held by nobody (no helper process)."""
 
+    what = "fleet lock"
+    report_keys = ("token_id", "lease_expires", "fence")
+    renewed_msg = "renewed the lease on fleet lock {name} until {until}"
+    broke_verb = "revoked"
+
     def __init__(self, p: dict, fleet: str, check_mode: bool, marker: str) -> None:
-        self.p, self.fleet, self.check_mode, self.marker = p, fleet, check_mode, marker
-        self.name: str = p["name"]
+        super().__init__(p, p["name"], check_mode)
+        self.fleet, self.marker = fleet, marker
         self.warnings: list[str] = []
-        self.holders, self.path = holder_dicts(self.name, fleet)
+        self.path = ""
+        self.refresh()
 
     def refresh(self) -> list:
         self.holders, self.path = holder_dicts(self.name, self.fleet)
         return self.holders
+
+    def location(self) -> dict:
+        return dict(fleet=self.fleet, path=self.path)
+
+    def report(self) -> dict:
+        return dict(fleet=self.fleet)
 
     def token_id(self) -> str:
         try:
@@ -152,33 +157,21 @@ class Lease:
         except (HostlockError, ValueError):
             return (self.p["token"] or "").rpartition(".")[0]
 
-    def mine(self, tid: str | None) -> dict | None:
-        return next((h for h in live_holders(self.holders) if tid and h.get("token_id") == tid), None)
+    def lease_fields(self, token: str) -> dict:
+        return dict(fence=fence_of(token))
 
-    def result(self, event: str, changed: bool, msg: str, waited: float = 0.0, **extra: t.Any) -> dict:
-        report = dict(name=self.name, event=event, waited=waited, fleet=self.fleet)
-        report.update((k, extra[k]) for k in ("token_id", "lease_expires", "fence") if extra.get(k) is not None)
-        out = dict(changed=changed, msg=msg, waited=waited, holders=self.holders, fleet=self.fleet, path=self.path)
-        out.setdefault("acquired", False)
-        out.update(extra)
-        out[RESULT_KEY] = report
-        return out
+    def warn(self, msg: str) -> None:
+        self.warnings.append(msg)
+
+    def error_text(self, error: Exception) -> str:
+        return one_line(error)
 
     def run(self) -> dict:
         return self.acquire() if self.p["state"] == "acquired" else self.release()
 
     # -- state=acquired ------------------------------------------------------------------------------
-    def acquire(self) -> dict:
+    def take(self) -> dict:
         p = self.p
-        if p["token"]:
-            return self.renew()
-        if self.check_mode:
-            if would_acquire(self.holders, p["mode"], p["slots"]):
-                return self.result("check", True, f"fleet lock {self.name} is free: a real run takes it", free=True)
-            wait = f"up to {p['timeout']}s" if p["timeout"] is not None else "until it is released"
-            busy = describe_holders(live_holders(self.holders))
-            return self.result("check", False, f"fleet lock {self.name} is held by {busy}: a real run would wait "
-                               f"{wait}", free=False)
         blockers = own_blockers(self.holders, self.marker, p["mode"], p["slots"])
         if blockers:
             raise Refused(self_wait_msg(self.name, blockers), self.result("self", False, ""), skip=False)
@@ -197,63 +190,23 @@ class Lease:
         expires = (self.mine(tid) or {}).get("lease_expires") or time.time() + p["lease"]
         return self.result("acquired", True, f"took fleet lock {self.name} (waited {waited}s, lease {p['lease']}s)",
                            waited, acquired=True, token=token, token_id=tid, lease_expires=expires,
-                           fence=fence_of(token))
+                           **self.lease_fields(token))
 
-    def renew(self) -> dict:
-        tid = self.token_id()
-        if self.check_mode:
-            held = self.mine(tid) is not None
-            return self.result("check", held, f"would renew the lease on {self.name}" if held else
-                               f"the token holds no lease on {self.name}: a real run fails", token_id=tid)
-        try:
-            expires = renew(self.name, self.p["token"], lease=self.p["lease"], fleet=self.fleet)
-        except TokenError as e:
-            raise HostlockError(f"cannot renew: {one_line(e)}. The lock is not ours any more: take it again "
-                                f"(holders now: {describe_holders(live_holders(self.holders))})") from e
-        self.refresh()
-        until = time.strftime("%H:%M:%S", time.localtime(expires))
-        return self.result("renewed", True, f"renewed the lease on fleet lock {self.name} until {until}",
-                           acquired=True, token=self.p["token"], token_id=tid, lease_expires=expires,
-                           fence=fence_of(self.p["token"]))
+    def engine_renew(self, token: str, lease: float | None) -> float:
+        return renew(self.name, token, lease=lease, fleet=self.fleet)
+
+    def renew_refused(self, error: TokenError) -> HostlockError:
+        return HostlockError(f"cannot renew: {one_line(error)}. The lock is not ours any more: take it again "
+                             f"(holders now: {describe_holders(live_holders(self.holders))})")
 
     # -- state=released ------------------------------------------------------------------------------
-    def release(self) -> dict:
-        if not self.p["token"]:
-            return self.break_lock()
-        tid = self.token_id()
-        mine = self.mine(tid)
-        if self.check_mode:
-            msg = f"would release the lease {tid} on {self.name}" if mine else "the token holds no lease"
-            return self.result("check", mine is not None, msg, released=[mine] if mine else [], token_id=tid)
-        try:
-            release(self.name, self.p["token"], fleet=self.fleet)
-        except TokenError as e:
-            if getattr(e, "reason", "") in ("malformed", "refused"):
-                raise  # a wrong token for a live lease: the lock is NOT released, the task must say so
-            self.warnings.append(f"fleet lock {self.name}: the token holds no lease: it was released already or its "
-                                 f"lease ran out ({one_line(e)}). Holders now: "
-                                 f"{describe_holders(live_holders(self.holders))}")
-            return self.result("released", False, f"the lease on {self.name} was not held any more",
-                               released=[], token_id=tid)
-        self.refresh()  # etcd deleted the key before release() returned: the next task finds the lock free
-        return self.result("released", True, f"released fleet lock {self.name}", released=[mine] if mine else [],
-                           token_id=tid)
+    def engine_release(self, token: str) -> None:
+        release(self.name, token, fleet=self.fleet)
+        # etcd deleted the key before release() returned: released() reads the holders once, and the next
+        # task finds the lock free
 
-    def break_lock(self) -> dict:
-        live = live_holders(self.holders)
-        if not self.p["force"]:
-            if not live:
-                return self.result("released", False, f"fleet lock {self.name} is not held", released=[])
-            raise HostlockError(f"fleet lock {self.name} is held by {describe_holders(live)}; pass the token "
-                                "returned when it was acquired, or force=true to break the lock")
-        if self.check_mode:
-            return self.result("check", bool(live), f"would break fleet lock {self.name} held by "
-                               f"{describe_holders(live)}", released=live)
-        removed = [h.as_dict() for h in break_lock(self.name, fleet=self.fleet, force=True)]
-        self.refresh()
-        msg = (f"broke fleet lock {self.name}: revoked {describe_holders(removed)}" if removed
-               else f"{self.name} is not held")
-        return self.result("broken", bool(removed), msg, released=removed)
+    def engine_break(self) -> list:
+        return [h.as_dict() for h in break_lock(self.name, fleet=self.fleet, force=True)]
 
 
 def fleet_lock(name: str, fleet: str, p: dict, label: str, on_lost: t.Callable[[], None]) -> Lock:

@@ -594,7 +594,7 @@ def cmd_break_fleet(ns: argparse.Namespace) -> int:
                      "removed": [h.to_json() for h in removed if ident(h) not in left],
                      "remaining": [h.to_json() for h in remaining], "problem": st.problem})
     else:
-        out = ["revoked the etcd lease of %s" % _fleet_holder(h) for h in removed]
+        out = ["revoked the etcd lease of %s" % h.describe(fleet=True) for h in removed]
         if not removed:
             out.append("nothing to remove from %s%s" % (ns.name, "" if ns.force else
                                                         " (nothing in etcd is stale: a dead holder's key ends "
@@ -603,18 +603,9 @@ def cmd_break_fleet(ns: argparse.Namespace) -> int:
         for h in remaining:
             why = "its lease is still there after the revoke" if ident(h) in revoked else (
                 "a new holder" if ns.force else "use --force to revoke its lease")
-            out.append("still held by %s (%s)" % (_fleet_holder(h), why))
+            out.append("still held by %s (%s)" % (h.describe(fleet=True), why))
         c.write_out("".join(c.one_line(line) + "\n" for line in out))
     return c.EX_TEMPFAIL if remaining else 0
-
-
-def _fleet_holder(h: Holder) -> str:
-    """A fleet holder for people: 'pid 12 on web1 (user root, backup.sh, since 02:00:01), fence 42'."""
-    text = h.describe()
-    if h.hostname and " on %s" % h.hostname not in text:
-        text = text.replace("pid %s" % h.pid, "pid %s on %s" % (h.pid, h.hostname), 1)
-    fence = getattr(h, "fence", None)
-    return text + (", fence %s" % fence if fence is not None else "")
 
 
 def cmd_gc(ns: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ import errno as _errno
 import os
 import time
 
+from ..core.names import name_chars
 from . import common as c
 from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
 from .run import signalled_while_waiting
@@ -35,8 +36,7 @@ def default_cron_name(o: Options) -> str:
         program = o.command[0]
         key = "\0".join(o.command)
     program = program.rstrip("/").rsplit("/", 1)[-1] or "job"
-    allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+@-"
-    program = "".join(ch if ch in allowed else "_" for ch in program)[:60]
+    program = name_chars(program)[:60]
     return "cron-%s-%08x" % (program, _fnv1a32(key.encode("utf-8", "surrogateescape")))
 
 

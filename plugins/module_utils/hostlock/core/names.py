@@ -13,6 +13,12 @@ _REST = _FIRST | frozenset(".+@-")
 NAME_RULE = "1-100 characters from A-Z a-z 0-9 _ . + @ -, not starting with . + @ or -"
 
 
+def name_chars(text: str, replacement: str = "_") -> str:
+    """`text` with each character a lock name may not hold replaced: for names derived from other text (a
+    cron job's program, an inventory host), which must follow the rule validate_name checks."""
+    return "".join(c if c in _REST else replacement for c in text)
+
+
 def validate_name(name: object) -> str:
     """Return `name` if it is a safe lock name; the rule keeps names usable as file names ('/', '..', NUL)."""
     if not isinstance(name, str):

@@ -11,6 +11,12 @@ import os
 import sys
 import time
 
+from .text import one_line
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Mapping
+
 try:  # optional, only where /proc is missing (BSD, macOS)
     import psutil
 except ImportError:  # pragma: no cover - depends on the host
@@ -409,25 +415,9 @@ class Holder:
     def lease_expired(self) -> bool:
         return self.lease_expires is not None and self.lease_expires <= time.time()
 
-    def describe(self) -> str:
-        """Short human form for error messages: 'pid 123 (user root: rsync -a ...)'."""
-        if not self.record_ok:
-            if self.lease_id is not None:
-                return "etcdctl lock, lease %s (no owner record)" % self.lease_id
-            return "an unknown holder (no readable owner record)"
-        who = "pid %s" % self.pid
-        if self.fence is not None and self.hostname:
-            who += " on %s" % self.hostname  # a fleet lock: the pid means something on that host only
-        if self.job_pid:
-            who += " running job pid %s" % self.job_pid
-        cmd = self.job_cmdline or self.cmdline or ""
-        extra = ", ".join(x for x in (
-            "user %s" % (self.user or self.uid),
-            " ".join(cmd.split())[:80],
-            "label %s" % self.label if self.label else "",
-            "since %s" % time.strftime("%H:%M:%S", time.localtime(self.acquired_at)) if self.acquired_at else "",
-        ) if x)
-        return "%s (%s)%s" % (who, extra, ": FORGED" if self.forged else "")
+    def describe(self, fleet: bool = False) -> str:
+        """Short human form for error messages: 'pid 123 (user root: rsync -a ...)' (describe_holder)."""
+        return describe_holder(self.as_dict(), fleet=fleet)
 
     def to_json(self) -> dict:
         """The documented, stable JSON shape of a holder (schema hostlock.status/1, docs/cli.md): the one
@@ -466,6 +456,71 @@ class Holder:
 
     def __repr__(self) -> str:
         return "Holder(%s)" % self.describe()
+
+
+def _clock(epoch: float | None) -> str:
+    """An epoch as local HH:MM:SS (what an operator compares with `date`)."""
+    return "?" if epoch is None else time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def _short(text: str | None, limit: int = 80) -> str:
+    """A holder's command line or label, as one inert line: it is text another user may have written."""
+    text = one_line(" ".join((text or "").split()))  # whitespace runs (newlines too) to one space
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_holder(h: Mapping[str, Any], detailed: bool = False, fleet: bool = False) -> str:
+    """The one text naming a holder for people, from its JSON shape (Holder.as_dict(), a module result's
+    `holders` item, a path lock's holder dict from /proc).
+
+    Short (the engine's errors, the command line): 'pid 12 on web1 running job pid 13 (user root, backup.sh,
+    label L, since 02:00:01)'. `detailed` (a task's msg: a playbook reader sees only that line, so it also
+    says the mode, slot, lease and staleness, with the command and label quoted and made inert): 'pid 12,
+    user root, job pid 13 'backup.sh', label "L", slot 1, since 02:00:01, lease until 02:10:01 on web1'.
+    `fleet` (hostlock gc --fleet): the host even without a fence, and the fencing token.
+    """
+    if detailed:
+        parts = ["pid %s" % h.get("pid")]
+        if h.get("user"):
+            parts.append("user %s" % h["user"])
+        if h.get("job_pid"):
+            parts.append("job pid %s '%s'" % (h["job_pid"], _short(h.get("job_cmdline"))))
+        elif h.get("cmdline"):
+            parts.append("'%s'" % _short(h["cmdline"]))
+        if h.get("label"):
+            parts.append('label "%s"' % _short(h["label"]))
+        if h.get("mode") and h.get("mode") != "exclusive":
+            parts.append(str(h["mode"]))
+        if h.get("slot") is not None:
+            parts.append("slot %s" % h["slot"])
+        if h.get("acquired_at"):
+            parts.append("since %s" % _clock(h["acquired_at"]))
+        if h.get("lease_expires"):
+            parts.append("lease until %s" % _clock(h["lease_expires"]))
+        if h.get("stale"):
+            parts.append("STALE")
+        return ", ".join(parts) + (" on %s" % h["hostname"] if h.get("hostname") else "")
+    fence = h.get("fence")
+    if not h.get("record_ok", True):
+        if h.get("lease_id") is not None:
+            text = "etcdctl lock, lease %s (no owner record)" % h["lease_id"]
+        else:
+            text = "an unknown holder (no readable owner record)"
+    else:
+        who = "pid %s" % h.get("pid")
+        if h.get("hostname") and (fleet or fence is not None):
+            who += " on %s" % h["hostname"]  # a fleet lock: the pid means something on that host only
+        if h.get("job_pid"):
+            who += " running job pid %s" % h["job_pid"]
+        cmd = h.get("job_cmdline") or h.get("cmdline") or ""
+        extra = ", ".join(x for x in (
+            "user %s" % (h.get("user") or h.get("uid")),
+            " ".join(cmd.split())[:80],
+            "label %s" % h["label"] if h.get("label") else "",
+            "since %s" % _clock(h["acquired_at"]) if h.get("acquired_at") else "",
+        ) if x)
+        text = "%s (%s)%s" % (who, extra, ": FORGED" if h.get("forged") else "")
+    return text + (", fence %s" % fence if fleet and fence is not None else "")
 
 
 def _pidfd(pid: int) -> int | None:

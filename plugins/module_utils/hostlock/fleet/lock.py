@@ -25,6 +25,7 @@ import os
 import select
 import time
 
+from ..core import admission
 from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost, TokenError
 from ..core.names import check_duration, validate_name
@@ -81,16 +82,9 @@ class Entry:
 
 def blockers(entries: list, i: int) -> list:
     """The entries that keep entries[i] from holding (empty: it holds). `entries` sorted by create_revision."""
-    me, before = entries[i], entries[:i]
-    if me.mode == "shared":
-        return [e for e in before if e.mode != "shared" or e.slots > 1]
-    if me.slots > 1:
-        if any(e.slots != me.slots for e in before):
-            # Only takers of the same N share slots: an exclusive holder (etcdctl's too), a reader or another
-            # size ahead is waited for whole, never counted as one slot (it holds alone, or by its own rule).
-            return before
-        return before if len(before) >= me.slots else []
-    return before
+    me = entries[i]
+    # etcdctl's keys (no owner record) count as exclusive takers of one slot (Entry's defaults)
+    return admission.blockers(entries[:i], me.mode, me.slots)
 
 
 def waits_on(entries: list, i: int) -> Entry | None:

@@ -22,11 +22,6 @@ def test_controller_options_never_reach_the_host():
     assert _fleet.host_args(args) == {"name": "x", "lease": 10}
 
 
-def test_fence_from_a_fleet_token():
-    assert _fleet.fence_of("hostlock-etcd.694d9c7a1b2c3d4e.4711") == 4711
-    assert _fleet.fence_of("not-a-token") is None
-
-
 def test_own_leases_that_fill_the_lock_block_and_others_do_not():
     run = "[run abc123]"
     lease = dict(label=f"ansible: play 'p', task 't' {run}", mode="exclusive")
