@@ -35,13 +35,14 @@ roles-collection: venv
 	@ln -sfn ../../../.. $(ROLES_COLLECTIONS)/ansible_collections/hostlock/core
 
 # The scenarios run side by side (each has its own target; their time is mostly waiting on SSH round trips),
-# each into its own log, printed when it ends.
+# each into its own log, printed when it ends. (Under make's `set -e` a failing molecule must not end its
+# subshell before its exit status is written: `&& ... ||` keeps it, so a failure prints its log.)
 test-roles: venv roles-deps
 	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-roles.XXXXXX"); trap 'rm -rf "$$logs"' EXIT; \
 	for role in $(ROLES); do \
 	  echo "make test-roles: molecule test for hostlock.core.$$role (log: $$logs/$$role.log)"; \
-	  (cd roles/$$role && ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1; \
-	   echo $$? >"$$logs/$$role.rc") & \
+	  (cd roles/$$role && ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1 \
+	   && echo 0 >"$$logs/$$role.rc" || echo $$? >"$$logs/$$role.rc") & \
 	done; \
 	wait; failed=""; \
 	for role in $(ROLES); do \
