@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
 SECTION = "## Layout"
 BEFORE = "20093ff"  # main before issue 25: lib/hostlock and its generated copy
+NOISE = 1.05  # after/before within this is "no worse": run-to-run spread of these medians here
 ENGINE_ZIP = "ansible_collections/hostlock/core/plugins/module_utils/hostlock/"
 
 
@@ -168,6 +169,11 @@ def table(before: Side, after: Side, args: argparse.Namespace) -> str:
     rows.append(f"| engine: uncontended `with Lock(name)` cycle (median of {args.repeats} x {args.cycles}) "
                 f"| {med[b]['cyc'] * 1e6:.1f} us | {med[a]['cyc'] * 1e6:.1f} us "
                 f"| {med[a]['cyc'] / med[b]['cyc']:.2f}x |")
+    clean = all(pay[a][m]["fleet_or_cli"] == 0 for m in ("lock", "lock_info", "locked"))
+    start_ratio, cycle_ratio = med[a]["start"] / med[b]["start"], med[a]["cyc"] / med[b]["cyc"]
+    rows += ["", f"- No payload carries fleet or command-line code: **{'met' if clean else 'MISSED'}**.",
+             f"- Start-up and the engine no worse than before (<= {NOISE}x): start-up {start_ratio:.2f}x, engine "
+             f"{cycle_ratio:.2f}x: **{'met' if max(start_ratio, cycle_ratio) <= NOISE else 'MISSED'}**."]
     head = (f"`python benchmarks/layout.py --docs docs/benchmarks.md` (before: {args.before}, the generated copy; "
             f"after: this checkout), both sides interleaved in one run on {os.cpu_count()} cores, Python "
             f"{sys.version.split()[0]}. Target: no payload carries fleet or command-line code, and start-up and the "
