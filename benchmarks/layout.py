@@ -33,6 +33,9 @@ VENV_BIN = ROOT / ".venv" / "bin"
 SECTION = "## Layout"
 BEFORE = "20093ff"  # main before issue 25: lib/hostlock and its generated copy
 NOISE = 1.05  # after/before within this is "no worse": run-to-run spread of these medians here
+# Engine files that never run on a host, in either layout: before (flat _fleet, _etcd*, cli, _cli_*, _supervise,
+# _jobkill) and after (fleet/, cli/).
+ELSEWHERE = re.compile(r"/(_fleet|_etcd|_etcd_lock|_cli_\w+|cli|fleet/|cli/|_supervise|_jobkill)")
 ENGINE_ZIP = "ansible_collections/hostlock/core/plugins/module_utils/hostlock/"
 
 
@@ -114,8 +117,7 @@ class Side:
             engine = [i for i in z.infolist() if i.filename.startswith(ENGINE_ZIP)]
             out.setdefault(wrapper.stem[len("AnsiballZ_"):], {
                 "zip": len(data), "engine_files": len(engine), "engine_bytes": sum(i.file_size for i in engine),
-                "fleet_or_cli": sum(1 for i in engine if re.search(r"/(_fleet|_etcd|_etcd_lock|_cli_\w+|cli|fleet/"
-                                                                    r"|cli/|_supervise|_jobkill)", i.filename))})
+                "fleet_or_cli": sum(1 for i in engine if ELSEWHERE.search(i.filename))})
         return out
 
     def locked_task(self, tasks: int) -> float:
@@ -142,13 +144,11 @@ def table(before: Side, after: Side, args: argparse.Namespace) -> str:
     cost: dict = {before.label: [], after.label: []}
     start: dict = {before.label: [], after.label: []}
     cyc: dict = {before.label: [], after.label: []}
-    for _ in range(args.repeats):
-        for s in (before, after):
-            cost[s.label].append(s.locked_task(args.tasks))
-            cyc[s.label].append(s.engine_cycle(args.cycles))
-    for _ in range(args.rounds):
-        for s in (before, after):
-            start[s.label].append(s.startup())
+    for s in (before, after) * args.repeats:  # interleaved: before, after, before, ...
+        cost[s.label].append(s.locked_task(args.tasks))
+        cyc[s.label].append(s.engine_cycle(args.cycles))
+    for s in (before, after) * args.rounds:
+        start[s.label].append(s.startup())
     b, a = before.label, after.label
     rows = ["| | before | after | after/before |", "| --- | --- | --- | --- |"]
     for module in ("lock", "lock_info", "locked"):
