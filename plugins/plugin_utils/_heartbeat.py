@@ -35,7 +35,7 @@ import time
 import typing as t
 import warnings
 
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.procstat import start_ticks
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.procstat import pidfd, start_ticks
 
 # Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant. Any
 # user can bind any free abstract name, so the name must be one nobody else can know first: see _address.
@@ -68,20 +68,6 @@ def _peer_uid(sock: socket.socket) -> int | None:
     if opt is None:
         return None
     return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))[1]
-
-
-def _pidfd(pid: int) -> int | None:
-    """A pidfd of the run (Linux 5.3+, Python 3.9+): readable when it exits, whatever kills it."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        return opener(pid)
-    except OSError:
-        return None
-
-
-_start_ticks = start_ticks
 
 
 def stop(token: str, timeout: float = 10.0) -> bool:
@@ -121,8 +107,8 @@ def start(renew: t.Callable[[float], str], token: str, lease: float, run_pid: in
         sock.close()
         raise
     sock.listen(8)
-    run_fd = _pidfd(run_pid)
-    run_start = _start_ticks(run_pid)
+    run_fd = pidfd(run_pid)
+    run_start = start_ticks(run_pid)
     r, w = os.pipe()
     with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process; the child execs nothing
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -190,7 +176,7 @@ class _Heartbeat:  # pragma: no cover - runs in the heartbeat process; tested th
     def run_gone(self) -> bool:
         if self.run_fd is not None:
             return bool(select.select([self.run_fd], [], [], 0)[0])
-        return _start_ticks(self.run_pid) != self.run_start
+        return start_ticks(self.run_pid) != self.run_start
 
     def loop(self) -> None:
         last_ok = time.monotonic()

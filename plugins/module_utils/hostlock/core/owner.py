@@ -523,18 +523,6 @@ def describe_holder(h: Mapping[str, Any], detailed: bool = False, fleet: bool = 
     return text + (", fence %s" % fence if fleet and fence is not None else "")
 
 
-def _pidfd(pid: int) -> int | None:
-    """A pidfd for `pid` (Linux >= 5.3, Python >= 3.9): signals and waits through it reach this very
-    process even if the pid is reused meanwhile. None where unavailable or the process is gone."""
-    opener = getattr(os, "pidfd_open", None)
-    if opener is None:
-        return None
-    try:
-        return opener(pid)
-    except OSError:
-        return None
-
-
 def _send(pid: int, pidfd: int | None, signum: int) -> None:
     import signal  # not on the locking path: signal imports enum
 
@@ -561,7 +549,7 @@ def end_holders(holders: list, wait: float) -> list:
     fds: list = []
     try:
         for h in holders:
-            fd = _pidfd(h.pid)
+            fd = procstat.pidfd(h.pid)
             if h.prove() is not True:
                 if fd is not None:
                     os.close(fd)

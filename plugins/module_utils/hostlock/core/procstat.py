@@ -1,4 +1,4 @@
-"""/proc/PID/stat, read and split in one place: a process's state, parent, group and start time.
+"""/proc/PID/stat, read and split in one place: a process's state, parent, group and start time; and pidfds.
 
 The command name (field 2) may hold spaces and ')': the fields are split after the last ')'. fields()[0]
 is the state (field 3), [1] the parent pid, [2] the process group, [19] the start time in clock ticks
@@ -42,3 +42,16 @@ def start_ticks(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (a pid alone can be reused), or None."""
     f = fields(pid)
     return f[START].decode() if f else None
+
+
+def pidfd(pid: int) -> int | None:
+    """A pidfd for `pid` (Linux >= 5.3, Python >= 3.9): signals and waits through it reach this very process
+    even if the pid is reused meanwhile, and it is readable once the process exits. None where unavailable or
+    the process is gone."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except OSError:
+        return None
