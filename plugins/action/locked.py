@@ -28,7 +28,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
 from ansible_collections.hostlock.core.plugins.modules.locked import LOCK_OPTIONS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
-from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
     LOCAL_TRANSPORTS,
@@ -67,6 +67,14 @@ THIN_ACTIONS = {
     "ansible.builtin.command": ("ansible.legacy.command", {}),
     "ansible.builtin.shell": ("ansible.legacy.command", {"_uses_shell": True}),
 }
+
+# Action plugins whose first step on the host is a module run (after housekeeping: the temporary directory,
+# `~`): a locked task takes its lease in that run (plugin_utils/_hostlease.TaskLease). Others (script,
+# raw, any other collection's) take it with a module run of its own before they start.
+FOLDED = frozenset(
+    prefix + n for prefix in ("ansible.builtin.", "ansible.legacy.")
+    for n in ("template", "copy", "fetch", "package", "service")
+)
 
 # raw runs a command without the task's environment: nothing marks it as the lease's in-flight work.
 RAW = frozenset(("ansible.builtin.raw", "ansible.legacy.raw"))
@@ -285,56 +293,57 @@ class ActionModule(ActionBase):
 
         Such a task runs partly here (rendering, transfers) and may run several modules on the host, so the
         lock cannot live inside one module run there: a lease on the host takes its place (as
-        hostlock.core.lock with heartbeat: true), renewed from here while the run lives. The wrapped task
-        runs with the lease's in-flight mark in its environment, so every process it starts on the host
-        is work the lease waits for if the run dies; then the lease is released.
+        hostlock.core.lock with heartbeat: true), taken at the task's first step on the host, renewed from
+        here while the run lives, and released after its last step (plugin_utils/_hostlease.TaskLease). The
+        task's steps carry the lease's in-flight mark, so if the run dies the lease frees the lock only after
+        the work it started on the host.
         """
         which = {k: args[k] for k in ("name", "path") if args[k] is not None}
-        shown = args["name"] or args["path"]
-        label = args["label"] or task_label(self._task, task_vars)
+        label = f"{args['label'] or task_label(self._task, task_vars)} {run_marker(task=True)}"
         lock_args = dict(which, state="acquired", heartbeat=True, mode=args["mode"], slots=args["slots"],
-                         directory=args["directory"], timeout=args["timeout"],
-                         on_conflict="fail", label=f"{label} {run_marker(task=True)}")
+                         directory=args["directory"], timeout=args["timeout"], on_conflict="fail", label=label)
         lock_args = {k: v for k, v in lock_args.items() if v is not None}
         if getattr(self._connection, "transport", None) in LOCAL_TRANSPORTS:
             lock_args["controller"] = controller_process()  # as for the lock action: the run itself is watched
         if which.get("path"):
             lock_args.pop("slots", None)
+        locked_args = {k: v for k, v in lock_args.items() if k not in ("state", "heartbeat", "on_conflict")}
         info: dict[str, t.Any] = dict(which, module=fqcn, taken=False, waited=0.0)
-        got = self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=lock_args, task_vars=task_vars)
-        lock_info = got.get(RESULT_KEY) or {}
-        info.update(directory=got.get("directory"), waited=lock_info.get("waited", 0.0))
-        if self._task.check_mode:
-            info.update(event="check", free=lock_info.get("free"), holders=lock_info.get("holders", []))
-            return dict(self._run_wrapped(fqcn, module_args, task_vars, {}), **{RESULT_KEY: info})
-        if got.get("failed") or not got.get("token"):
-            info.update(event="conflict" if lock_info.get("event") == "conflict" else lock_info.get("event"),
-                        holders=lock_info.get("holders", []))
+        # raw takes no environment (it would only warn): its command is not marked as in-flight work
+        lease = _hostlease.TaskLease(self, lock_args, locked_args, task_vars, mark=fqcn not in RAW)
+        handler = self._wrapped_handler(fqcn, module_args, {})
+        held_from = time.monotonic()
+        try:
+            if fqcn in FOLDED:  # its first step on the host is a module run: the lease is taken with it
+                lease.attach()
+            else:
+                lease.take_first()
+                lease.mark_task(handler._task)
+            result = handler.run(task_vars=task_vars)
+        except _hostlease.NotTaken as e:
+            got = e.result
+            lock_info = got.get(RESULT_KEY) or {}
+            info.update(directory=lock_info.get("directory", got.get("directory")), waited=lock_info.get("waited", 0.0),
+                        event=lock_info.get("event"), holders=lock_info.get("holders", got.get("holders", [])))
+            shown = args["name"] or args["path"]
             return self._refused(f"{got.get('msg') or 'lock ' + str(shown) + ' not taken'}; {fqcn} did not run",
                                  args, info)
-        token = got["token"]
-        release = dict(which, state="released", token=token, directory=got.get("directory"))
-        try:
-            _hostlease.start_heartbeat(self, dict(lock_args), got, task_vars)
-        except (OSError, ValueError) as e:  # no heartbeat: give the lease back rather than hold it unrenewed
-            self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=release, task_vars=task_vars)
-            return dict(failed=True, msg=f"lock {shown}: cannot start the lease's heartbeat on the control node "
-                        f"({e}); {fqcn} did not run", **{RESULT_KEY: info})
-        held_from = time.monotonic()
-        info.update(event="locked", taken=True)
-        try:
-            # raw takes no environment (it would only warn): its command is not marked as in-flight work
-            env = {} if fqcn in RAW else dict(got.get("environment") or {})
-            result = self._run_wrapped(fqcn, module_args, task_vars, env)
         finally:
-            _heartbeat.stop(token)
-            freed = self._execute_module(module_name=_hostlease.LOCK_MODULE, module_args=release,
-                                         task_vars=task_vars)
-            info["released"] = not freed.get("failed")
-            info["held"] = round(time.monotonic() - held_from, 3)
-            if freed.get("failed"):
-                self._display.warning(f"lock {shown}: could not release the lease after {fqcn} "
-                                      f"({freed.get('msg')}); it ends when its heartbeat stops")
+            lease.detach()
+            taken = bool(lease.token)
+            released = lease.end()
+        lock_info = lease.info
+        info.update(directory=lease.got.get("directory", lock_info.get("directory")),
+                    waited=lock_info.get("waited", 0.0))
+        if lease.checked:
+            info.update(event="check", free=lock_info.get("free"), holders=lock_info.get("holders", []))
+        elif taken:
+            info.update(event="locked", taken=True, released=released, held=round(time.monotonic() - held_from, 3))
+            if not released:
+                self._display.warning(f"lock {args['name'] or args['path']}: could not release the lease after "
+                                      f"{fqcn} ({lease.release_error}); it ends when its heartbeat stops")
+        else:  # the task never reached the host: nothing to lock
+            info.update(event="untouched")
         result[RESULT_KEY] = info
         return result
 
@@ -349,14 +358,17 @@ class ActionModule(ActionBase):
         `env` is added to the task's environment (the fence); `no_log`, `become`, check mode and `--diff`
         are the task's own.
         """
+        return self._wrapped_handler(fqcn, module_args, env).run(task_vars=task_vars)
+
+    def _wrapped_handler(self, fqcn: str, module_args: dict, env: dict) -> t.Any:
+        """The wrapped task's action plugin, on a copy of this task (its args, and `env` in its environment)."""
         task = self._task.copy()
         task.action = fqcn
         task._resolved_action = fqcn  # no setter: the task executor sets it the same way
         task.args = module_args
-        if env:
-            own = task.environment if isinstance(task.environment, list) else [task.environment or {}]
-            task.environment = [*own, env]
-        handler = self._shared_loader_obj.action_loader.get(
+        own = task.environment if isinstance(task.environment, list) else [task.environment or {}]
+        task.environment = [*own, env] if env else own
+        return self._shared_loader_obj.action_loader.get(
             self._handler,
             task=task,
             connection=self._connection,
@@ -365,4 +377,3 @@ class ActionModule(ActionBase):
             templar=self._templar,
             shared_loader_obj=self._shared_loader_obj,
         )
-        return handler.run(task_vars=task_vars)

@@ -39,6 +39,7 @@ import typing as t
 from typing import Any
 
 from .hostlock import Lock, LockTimeout
+from .hostlock import lease as _lease
 from .hostlock.host.pathlock import PathLock
 
 _PR_SET_PDEATHSIG = 1
@@ -159,7 +160,7 @@ def controller_gone(fd: int = 1, controller: str | None = None) -> bool:
 
 
 def acquire(
-    lock: Lock | PathLock,
+    lock: Lock | PathLock | LeaseTake,
     timeout: float | None,
     holders_of: object = None,
     marker: str | None = None,
@@ -313,26 +314,43 @@ class _Forked:
     def __init__(self, pid: int, out_r: int, err_r: int) -> None:
         self.pid, self._out, self._err = pid, out_r, err_r
         self.returncode: int | None = None
+        self._chunks: dict = {out_r: [], err_r: []}
+        self._open = [out_r, err_r]
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
             os.kill(self.pid, signum)
 
-    def communicate(self, _input: object = None) -> tuple[bytes, bytes]:
-        chunks: dict = {self._out: [], self._err: []}
-        open_fds = [self._out, self._err]
-        while open_fds:
-            ready, _w, _x = select.select(open_fds, [], [])
+    def communicate(self, _input: object = None, timeout: float | None = None) -> tuple[bytes, bytes]:
+        """As Popen.communicate: TimeoutExpired after `timeout`, and a later call goes on where it stopped."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._open:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired("forked module", timeout or 0)
+            ready, _w, _x = select.select(self._open, [], [], left)
             for fd in ready:
                 data = os.read(fd, 65536)
                 if data:
-                    chunks[fd].append(data)
+                    self._chunks[fd].append(data)
                 else:
-                    open_fds.remove(fd)
+                    self._open.remove(fd)
                     os.close(fd)
         _pid, status = os.waitpid(self.pid, 0)
         self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        return b"".join(chunks[self._out]), b"".join(chunks[self._err])
+        return b"".join(self._chunks[self._out]), b"".join(self._chunks[self._err])
+
+
+def _communicate(child: t.Any, payload: bytes | None, tick: tuple[float, t.Callable[[], object]] | None) -> tuple:
+    """child.communicate(payload), calling tick's function every tick's seconds while the child runs."""
+    if tick is None:
+        return child.communicate(payload)
+    every, call = tick
+    while True:
+        try:
+            return child.communicate(payload, timeout=every)
+        except subprocess.TimeoutExpired:
+            call()
 
 
 # Fork the payload (reusing the runner's imports) where fork exists and the payload is a Python AnsiballZ
@@ -340,8 +358,11 @@ class _Forked:
 FORK = hasattr(os, "fork")
 
 
-def run_payload(payload: bytes, interpreter: str | None = None) -> tuple[dict, int]:
+def run_payload(payload: bytes, interpreter: str | None = None,
+                tick: tuple[float, t.Callable[[], object]] | None = None) -> tuple[dict, int]:
     """Run an AnsiballZ payload as Ansible pipelining does; returns (module result, child pid).
+
+    With `tick` (seconds, function), calls the function that often while the module runs (a lease's renewal).
 
     Forwards SIGTERM/SIGINT/SIGHUP to the child and keeps waiting for it: the caller releases its lock
     only after this returns, i.e. after the wrapped module is gone. When the module was interrupted (a
@@ -381,7 +402,7 @@ def run_payload(payload: bytes, interpreter: str | None = None) -> tuple[dict, i
     try:
         while True:
             try:
-                out, err = child.communicate(payload)
+                out, err = _communicate(child, payload, tick)
                 break
             except (InterruptedError, KeyboardInterrupt):  # pragma: no cover - handlers replace SIGINT
                 continue
@@ -449,6 +470,78 @@ def run_locked(
     finally:
         lock.release()
     result["hostlock"] = dict(waited=waited, held=round(time.monotonic() - held_from, 3), released=True)
+    return result
+
+
+class LeaseTake:
+    """A heartbeat lease on the host, taken as acquire() takes a lock: the first step of a `locked` task whose
+    module has its own action plugin (template, copy, ...), which runs several steps on the host.
+
+    The lease is held by the engine's detached holder (hostlock.lease.hold, with in_flight), so it outlives
+    this module run; the controller renews it afterwards and releases it after the task's last step.
+    """
+
+    def __init__(self, name: str, lease: float, *, mode: str, slots: int, directory: str | None,
+                 label: str | None, path: str | None) -> None:
+        self.name, self.lease, self.mode, self.slots, self.label, self.path = name, lease, mode, slots, label, path
+        self.token: str | None = None
+        if path:
+            self.directory: str | None = None
+        else:  # resolved here (the host's default, $HOSTLOCK_DIR), so the controller can name it when it releases
+            probe = Lock(name, mode=mode, slots=slots, directory=directory, label=label)
+            self.directory = probe.directory
+            probe.close()
+
+    def acquire(self, timeout: float | None = None) -> None:
+        self.token = _lease.hold(self.name, self.lease, mode=self.mode, slots=self.slots, directory=self.directory,
+                                 timeout=timeout, label=self.label, in_flight=True, path=self.path)
+
+    def renew(self) -> None:
+        if self.token:
+            try:
+                _lease.renew(self.name, self.token, directory=self.directory, path=self.path)
+            except Exception:  # noqa: BLE001 - the next tick tries again; the lease is longer than a few ticks
+                pass
+
+    def release(self) -> None:
+        if self.token:
+            try:
+                _lease.release(self.name, self.token, directory=self.directory, path=self.path)
+            except Exception:  # noqa: BLE001 - gone already: nothing is held
+                pass
+            self.token = None
+
+
+def run_leased(
+    take: LeaseTake,
+    payload: bytes,
+    timeout: float | None = None,
+    *,
+    holders_of: object = None,
+    marker: str | None = None,
+    controller: str | None = None,
+) -> dict:
+    """Take the lease, run `payload` (the task's first step) under it, and keep the lease: the result's
+    "hostlock" key carries the token, its in-flight environment and where it lives, for the controller.
+
+    While the step runs, the lease is renewed from here (every quarter lease): the controller's heartbeat
+    starts only once it has the token. The step's processes carry the in-flight mark (its children inherit
+    it). If the controller is gone when the step ends, nobody could release the lease: it is given back here.
+    Raises as run_locked before anything runs.
+    """
+    waited = acquire(take, timeout, holders_of, marker, controller=controller)
+    token = take.token or ""
+    environment = _lease.in_flight_environment(token)
+    os.environ.update(environment)
+    try:
+        result, _pid = run_payload(payload, tick=(max(0.05, take.lease / 4), take.renew))
+    except BaseException:
+        take.release()
+        raise
+    if controller_gone(controller=controller):
+        take.release()
+    result["hostlock"] = dict(waited=waited, token=token, lease=take.lease, environment=environment,
+                              directory=take.directory, interpreter=sys.executable)
     return result
 
 

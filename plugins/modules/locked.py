@@ -162,6 +162,16 @@ options:
         C(ansible-playbook) process (C(PID:START) in clock ticks); a wait ends, and the wrapped module never
         runs, once that process is gone, even if its worker lives on (C(kill -9) of C(ansible-playbook)).
     type: str
+  heartbeat:
+    description:
+      - Internal, set by the action plugin on the controller; do not set it. Instead of a lock that ends
+        with the wrapped module, take a heartbeat lease of O(lease) seconds (as M(hostlock.core.lock) with
+        O(hostlock.core.lock#module:heartbeat=true)), run the wrapped module (the first step of a task that
+        has its own action plugin) under it, and keep the lease for the task's next steps; the action
+        renews it from the controller and releases it after the task's last step.
+    type: bool
+    default: false
+    version_added: 0.3.0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -372,9 +382,11 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
 )
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     ControllerGone,
+    LeaseTake,
     SelfWait,
     detach,
     emit_result,
+    run_leased,
     run_locked,
     run_payload,
 )
@@ -416,7 +428,10 @@ ARGUMENT_SPEC = dict(
     # the wrapped module's arguments can hold secrets: never echo the payload back (invocation, logs)
     payload=dict(type="str", no_log=True),
     controller=dict(type="str"),
+    heartbeat=dict(type="bool", default=False),
 )
+# A heartbeat lease's default length (as hostlock.core.lock's): the controller renews it every quarter of it.
+HEARTBEAT_LEASE = 60.0
 
 
 def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
@@ -442,11 +457,13 @@ def main() -> None:
                          "module: run it from a playbook task (payload missing)")
     try:
         timeout = None if p["timeout"] is None else parse_duration(p["timeout"], "timeout")
-        if p["lease"] is not None:
-            parse_duration(p["lease"], "lease")
+        lease = HEARTBEAT_LEASE if p["lease"] is None else parse_duration(p["lease"], "lease")
         payload = base64.b64decode(p["payload"])
-        if p["path"]:
-            lock: Lock | PathLock = PathLock(p["path"], mode=p["mode"])
+        if p["heartbeat"] and not module.check_mode:
+            lock: Lock | PathLock | LeaseTake = LeaseTake(name, lease, mode=p["mode"], slots=p["slots"],
+                                                           directory=p["directory"], label=p["label"], path=p["path"])
+        elif p["path"]:
+            lock = PathLock(p["path"], mode=p["mode"])
         else:
             lock = Lock(name, mode=p["mode"], slots=p["slots"], directory=p["directory"], label=p["label"])
     except (HostlockError, ValueError, TypeError) as e:
@@ -470,8 +487,12 @@ def main() -> None:
 
     try:
         # A path lock has no record to carry a run marker: nothing to tell our own run's holders apart by.
-        result = run_locked(lock, payload, timeout, holders_of=None if p["path"] else holders_of,
-                            marker=None if p["path"] else marker, module=wrapped, controller=p["controller"])
+        if isinstance(lock, LeaseTake):
+            result = run_leased(lock, payload, timeout, holders_of=None if p["path"] else holders_of,
+                                marker=None if p["path"] else marker, controller=p["controller"])
+        else:
+            result = run_locked(lock, payload, timeout, holders_of=None if p["path"] else holders_of,
+                                marker=None if p["path"] else marker, module=wrapped, controller=p["controller"])
     except ControllerGone:  # nobody reads a result any more: the wrapped module never ran
         module.fail_json(msg=f"lock {name}: the controller is gone (its connection closed) while we waited; "
                          f"{wrapped} did not run", **{RESULT_KEY: info})

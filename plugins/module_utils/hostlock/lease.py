@@ -30,17 +30,29 @@ is built to survive everyone who can reach it (docs/security.md, "Leases"):
 from __future__ import annotations
 
 import errno
-import hashlib
 import hmac
 import os
-import stat
 import sys
 import time
 
-from .core.errors import HostlockError, LockTimeout, TokenError
-from .core.names import check_duration, validate_name
+from .core.errors import HostlockError, LockTimeout
+from .core.names import check_duration
 from .core.tokens import split_host
+from .host.channel import (
+    ABSTRACT_PREFIX,
+    PROTOCOL,
+    SOCKET_FILE,
+    channel_address,
+    path_name,
+    peer_uid,
+    proof,
+    release,
+    renew,
+    via,
+)
 from .host.pathlock import PathLock
+
+__all__ = ["channel_address", "hold", "in_flight_environment", "release", "renew", "wait_in_flight"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
@@ -48,21 +60,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a 
 
     from .api import Lock
 
-_SOCKET_FILE = ".lease-%s.sock"  # in the lock directory: a dot file, never taken for a lock by list or gc
-_ABSTRACT_PREFIX = "\0hostlock-lease/"  # the Linux fallback where the directory cannot take the socket
-_PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
 _MAX_REQUEST = 512  # bytes: a request is one short line; longer is garbage
 _REQUEST_SECONDS = 5.0  # a peer gets this long to send its whole request
 _MAX_CONNECTIONS = 64  # idle peers kept at once (only the holder's uid and root get this far)
-_CLIENT_SECONDS = 10.0  # the most renew()/release() wait for a holder that does not answer
-
-
-def _via(dirfd: int, directory: str, entry: str) -> str:
-    """A socket address for `entry` in the directory held by `dirfd`: on Linux /proc/self/fd/N/ENTRY, walked
-    no further than that descriptor and short whatever the directory's path; elsewhere the path."""
-    if sys.platform.startswith("linux") and os.path.isdir("/proc/self/fd"):
-        return "/proc/self/fd/%d/%s" % (dirfd, entry)
-    return os.path.join(directory, entry)
 
 
 def _open_channel_dir(directory: str, path_lease: bool) -> int:
@@ -77,24 +77,11 @@ def _open_channel_dir(directory: str, path_lease: bool) -> int:
     return open_directory(directory)[0]
 
 
-def _proof(secret: str, kind: str, text: str) -> str:
-    """HMAC-SHA256 of `text` under the token's secret; `kind` keeps request and answer proofs apart."""
-    return hmac.new(secret.encode(), ("hostlock-lease %s\0%s" % (kind, text)).encode(), hashlib.sha256).hexdigest()
-
-
-_split = split_host
-
-
 class _PathHolding(PathLock):
     """A path lock held by a lease holder: there is no owner record to update (holders come from /proc)."""
 
     def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None, **_fields: str) -> None:
         return None
-
-
-def _path_name(path: str) -> str:
-    """The name a path lease answers to on its channel: one word, whatever the path holds (spaces too)."""
-    return "path-" + hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
@@ -117,7 +104,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
         if slots != 1:
             raise ValueError("slots does not apply to a path lock")
         path = os.path.abspath(path)
-        name, directory = _path_name(path), os.path.dirname(path)
+        name, directory = path_name(path), os.path.dirname(path)
     else:
         probe = Lock(name, mode=mode, slots=slots, directory=directory, mechanism=mechanism, label=label)
         directory = probe.directory
@@ -250,7 +237,7 @@ IN_FLIGHT_PREFIX = "HOSTLOCK_LEASE_"
 def _in_flight_entry(tid: str, secret: str) -> tuple[str, str]:
     # The value is proven with the secret: the token id is public (status shows it), so anyone could
     # otherwise start a process that keeps a root holder's lock past its lease.
-    return IN_FLIGHT_PREFIX + tid, _proof(secret, "in-flight", tid)[:32]
+    return IN_FLIGHT_PREFIX + tid, proof(secret, "in-flight", tid)[:32]
 
 
 def in_flight_environment(token: str) -> dict:
@@ -259,7 +246,7 @@ def in_flight_environment(token: str) -> dict:
     A lease taken with in_flight=True that runs out waits for every process carrying it before it frees
     the lock (Ansible: the `environment:` of the block the lease protects).
     """
-    key, value = _in_flight_entry(*_split(token))
+    key, value = _in_flight_entry(*split_host(token))
     return {key: value}
 
 
@@ -327,7 +314,7 @@ class _Listener:
         from .host.safepath import _entries_safe
 
         self.dirfd = _open_channel_dir(directory, path_lease)
-        self.entry: str | None = _SOCKET_FILE % tid
+        self.entry: str | None = SOCKET_FILE % tid
         self.ino = -1
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         # A 0600 socket: only our uid and root may connect (and SO_PEERCRED checks it again at accept).
@@ -336,7 +323,7 @@ class _Listener:
             try:
                 if not _entries_safe(os.fstat(self.dirfd)):  # another user could swap our socket for theirs
                     raise PermissionError(errno.EPERM, "directory entries not safe from other users")
-                self.sock.bind(_via(self.dirfd, directory, self.entry))
+                self.sock.bind(via(self.dirfd, directory, self.entry))
                 self.ino = os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino
             except OSError:
                 if not sys.platform.startswith("linux"):
@@ -344,7 +331,7 @@ class _Listener:
                 # A directory that cannot take the socket (read-only, not ours): the abstract namespace,
                 # under the same secret name, reachable from this network namespace only.
                 self.entry = None
-                self.sock.bind(_ABSTRACT_PREFIX + tid)
+                self.sock.bind(ABSTRACT_PREFIX + tid)
         finally:
             os.umask(old)
         # A deep backlog: connections of other users wait there only until the next accept round drops them.
@@ -364,18 +351,6 @@ class _Listener:
             pass
         os.close(self.dirfd)
         self.dirfd = -1
-
-
-def _peer_uid(conn: socket.socket) -> int | None:
-    """The connecting process's uid as the kernel saw it at connect(); None where it cannot say."""
-    import socket
-    import struct
-
-    opt = getattr(socket, "SO_PEERCRED", None)
-    if opt is None:
-        return None
-    size = struct.calcsize("3i")  # struct ucred: pid, uid, gid
-    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]
 
 
 def _send_once(conn: socket.socket, data: bytes) -> None:
@@ -438,7 +413,7 @@ class _Channel:
             except OSError:  # EAGAIN: drained; ECONNABORTED and the like: that peer's problem
                 return
             try:
-                uid = _peer_uid(conn)
+                uid = peer_uid(conn)
                 if uid is not None and uid not in self.trusted:
                     # Not a byte read from another user: say why (never blocks) and hang up.
                     _send_once(conn, b"ERR refused: not the lease holder's user\n")
@@ -489,12 +464,12 @@ class _Channel:
             words = line.decode("ascii").split(" ")
         except UnicodeDecodeError:
             return b"ERR malformed request\n"
-        if len(words) != 6 or words[0] != _PROTOCOL or len(words[3]) != 32:
+        if len(words) != 6 or words[0] != PROTOCOL or len(words[3]) != 32:
             return b"ERR malformed request (or a hostlock of another version)\n"
-        verb, name, nonce, arg, proof = words[1:]
-        expected = _proof(self.secret, "request", " ".join(words[:5]))
+        verb, name, nonce, arg, given = words[1:]
+        expected = proof(self.secret, "request", " ".join(words[:5]))
         # Constant time: the comparison must not tell a guesser how much of the proof was right.
-        if not hmac.compare_digest(proof.encode(), expected.encode()):
+        if not hmac.compare_digest(given.encode(), expected.encode()):
             return b"ERR wrong token\n"
         if name != self.name:  # an authentic request, for another lock: the caller mixed up its tokens
             return b"ERR wrong token: it is the lease of another lock, not of this one\n"
@@ -526,7 +501,7 @@ class _Channel:
         else:
             body = "ERR unknown request"
         body = body.replace("\n", " ")
-        return ("%s %s\n" % (body, _proof(self.secret, "answer", nonce + " " + body))).encode("utf-8", "replace")
+        return ("%s %s\n" % (body, proof(self.secret, "answer", nonce + " " + body))).encode("utf-8", "replace")
 
     def _forget(self, conn: socket.socket) -> None:
         self.conns.pop(conn, None)
@@ -542,180 +517,3 @@ class _Channel:
         conn.close()
 
 
-def _exchange(address: str, request: bytes, deadline: float, gone: TokenError, owner: int | None = None,
-              denied: TokenError | None = None) -> str:
-    """Send one request and read one line back; '' when the holder hung up without answering.
-
-    The listening peer must be of our uid or root's (a holder refuses every other user anyway), or, for a
-    root client, of the uid that owns the socket file (`owner`): anything else is not our holder.
-    """
-    import socket
-    import struct
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        # A blocking socket with kernel timeouts, not settimeout(): Python's timeout mode makes connect()
-        # non-blocking, which fails at once with EAGAIN while the holder's backlog is full (issue 8).
-        left = max(0.001, deadline - time.monotonic())
-        tv = struct.pack("@ll", int(left), int(left % 1 * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        try:
-            sock.connect(address)
-        except OSError as e:
-            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                raise gone from None
-            if e.errno in (errno.EACCES, errno.EPERM):  # a 0600 socket: the holder's uid and root only
-                raise (denied or gone) from None
-            if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                raise HostlockError("the holder of lease %s did not accept a connection within %gs" % (
-                    address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
-            raise
-        server = _peer_uid(sock)
-        me = os.geteuid()
-        if server is not None and server not in (me, 0) and not (me == 0 and server == owner):
-            raise gone
-        try:
-            sock.sendall(request)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # it hung up at once (BUSY, refused): its answer may still be waiting to be read
-        reply = b""
-        try:
-            while not reply.endswith(b"\n") and len(reply) < 4096:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
-        except (BlockingIOError, InterruptedError):
-            raise HostlockError("the holder of lease %s did not answer within %gs" % (
-                address.rsplit("/", 1)[-1], _CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
-        except (ConnectionResetError, BrokenPipeError):
-            pass
-    finally:
-        sock.close()
-    return reply.decode("ascii", "backslashreplace").strip() if reply.endswith(b"\n") else ""
-
-
-def _find_channel(directory: str, tid: str, denied: TokenError) -> tuple[int, str | None, int | None]:
-    """Where the holder listens: (dirfd, socket file, its owner uid), or (-1, None, None) for the abstract
-    fallback (Linux; also where the directory is gone: then nobody answers and the lease is gone).
-    Raises `denied` where we may not look: the directory is not ours to search."""
-    from .host import safepath as _safepath
-
-    entry = _SOCKET_FILE % tid
-    try:
-        # Walked, never created (open_directory would make a missing lock directory).
-        dirfd = _safepath.open_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except _safepath.UnsafePath as e:
-        from .core.errors import LockDirectoryError
-
-        raise LockDirectoryError("cannot reach lease %s in %s: %s" % (tid, directory, e), directory=directory,
-                                 errno=e.errno) from None
-    except PermissionError:
-        raise denied from None
-    except OSError:
-        return -1, None, None
-    try:
-        st = os.stat(entry, dir_fd=dirfd, follow_symlinks=False)
-    except OSError as e:
-        os.close(dirfd)
-        if e.errno in (errno.EACCES, errno.EPERM):
-            raise denied from None
-        return -1, None, None
-    if not stat.S_ISSOCK(st.st_mode):  # never connect through a symlink (or to anything but a socket)
-        os.close(dirfd)
-        return -1, None, None
-    return dirfd, entry, st.st_uid
-
-
-def _remove_stale(dirfd: int, directory: str, entry: str, owner: int | None) -> None:
-    """A socket file nobody listens on is a holder's that was killed (SIGKILL leaves it): remove it if it
-    is ours to remove. Its name came from a secret, so no live holder can have bound it again."""
-    import socket
-
-    if owner not in (os.geteuid(),) and os.geteuid() != 0:
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(_via(dirfd, directory, entry))
-    except ConnectionRefusedError:
-        try:
-            os.unlink(entry, dir_fd=dirfd)
-        except OSError:
-            pass
-    except OSError:
-        pass
-    finally:
-        probe.close()
-
-
-def _request(name: str, token: str, directory: str | None, verb: str, arg: str = "-", path: str | None = None) -> str:
-    """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
-    from .host.directory import default_directory
-
-    tid, secret = _split(token)
-    if path is not None:  # a lease on a path (hold(path=...)): its channel answers to the path's name
-        path = os.path.abspath(path)
-        name, directory = _path_name(path), os.path.dirname(path)
-    else:
-        validate_name(name)
-        directory = os.path.abspath(directory or default_directory())
-    shown = path if path is not None else name
-    gone = TokenError("no lease %s on lock %r: it expired, was released, or its holder died" % (tid, shown),
-                      directory=directory, reason="gone")
-    denied = TokenError("lease %s refused the request for lock %r: not the lease holder's user" % (tid, shown),
-                        directory=directory, reason="refused")
-    deadline = time.monotonic() + _CLIENT_SECONDS
-    dirfd, entry, owner = _find_channel(directory, tid, denied)
-    try:
-        while True:
-            nonce = os.urandom(16).hex()
-            text = "%s %s %s %s %s" % (_PROTOCOL, verb, name, nonce, arg)
-            request = ("%s %s\n" % (text, _proof(secret, "request", text))).encode()
-            if entry is None:
-                reply = _exchange(_ABSTRACT_PREFIX + tid, request, deadline, gone)
-            else:
-                try:
-                    reply = _exchange(_via(dirfd, directory, entry), request, deadline, gone, owner, denied)
-                except TokenError:
-                    _remove_stale(dirfd, directory, entry, owner)
-                    raise
-            if reply != "BUSY":
-                break
-            if time.monotonic() >= deadline:  # the holder kept dropping us for newer peers: only its own uid can
-                raise HostlockError("the holder of lease %s stayed busy for %gs" % (tid, _CLIENT_SECONDS),
-                                    directory=directory, errno=errno.ETIMEDOUT)
-    finally:
-        if dirfd >= 0:
-            os.close(dirfd)
-    if not reply:
-        raise gone
-    body, _sep, proof = reply.rpartition(" ")
-    proven = hmac.compare_digest(proof.encode(), _proof(secret, "answer", nonce + " " + body).encode())
-    if body.startswith("OK") and proven:
-        return body
-    if reply.startswith("OK"):
-        # Only the holder knows the secret: an unproven OK comes from whoever took the name after it ended.
-        raise gone
-    raise TokenError("lease %s refused the request for lock %r: %s" % (tid, shown, (body if proven else reply)[4:]
-                                                                       or "no answer"),
-                     directory=directory, reason="refused")
-
-
-def channel_address(directory: str, token: str) -> str:
-    """The holder's socket file for this token in `directory` (what a connect would reach; for tests)."""
-    return os.path.join(directory, _SOCKET_FILE % _split(token)[0])
-
-
-def renew(name: str, token: str, lease: float | None = None, directory: str | None = None,
-          path: str | None = None) -> float:
-    """Extend (or shorten) a lease to `lease` seconds from now (default: its original length)."""
-    if lease is not None:
-        lease = check_duration(lease, "lease", positive=True)
-    reply = _request(name, token, directory, "renew", "-" if lease is None else repr(lease), path)
-    return float(reply.split()[1])
-
-
-def release(name: str, token: str, directory: str | None = None, path: str | None = None) -> None:
-    """End a lease: its holder releases the lock and exits."""
-    _request(name, token, directory, "release", path=path)

@@ -16,6 +16,15 @@ lock=$1; dir=$2; shift 2
 env | grep -c '^HOSTLOCK_LEASE_' | sed 's/^/marks=/'
 """
 
+# copy's validate command, run by the copy module: the task's step after its first (the stat that took the lease)
+VPROBE = """#!/bin/sh
+out=$2; lock=$3; dir=$4; shift 4
+{
+  "$@" run -n -d "$dir" "$lock" true; echo "probe-rc=$?"
+  env | grep -c '^HOSTLOCK_LEASE_' | sed 's/^/marks=/'
+} >"$out" 2>&1
+"""
+
 
 @pytest.mark.parametrize("target", ["loc", "ssh1"])
 def test_locked_takes_any_task_with_its_action_plugin_under_the_host_lock(ansible, engine, target):
@@ -24,6 +33,9 @@ def test_locked_takes_any_task_with_its_action_plugin_under_the_host_lock(ansibl
     probe = ansible.work / "probe.sh"
     probe.write_text(PROBE)
     probe.chmod(0o755)
+    vprobe = ansible.work / "vprobe.sh"
+    vprobe.write_text(VPROBE)
+    vprobe.chmod(0o755)
     run = ansible.play("locked_actions.yml", extra_vars=dict(target=target, lock=lock))
     assert run.rc == 0, run.out
     res = json.loads((ansible.work / f"{target}-results.json").read_text())
@@ -39,6 +51,10 @@ def test_locked_takes_any_task_with_its_action_plugin_under_the_host_lock(ansibl
     assert "probe-rc=75" in res["scripted"]["stdout"], res["scripted"]  # the lock was held while it ran
     assert "marks=1" in res["scripted"]["stdout"], res["scripted"]  # and the work carried the lease's mark
     assert "rc=75" in res["rawed"]["stdout"], res["rawed"]
+    # The lease taken in the first step's module run (stat) still holds in the next one, which carries its mark.
+    for kind in ("template", "copy"):
+        seen = (ansible.work / f"{target}-vprobe-{kind}.txt").read_text()
+        assert "probe-rc=75" in seen and "marks=1" in seen, (kind, seen)
     assert engine.status(lock, directory=str(ansible.lockdir)).state == "free"
 
 
@@ -101,3 +117,82 @@ def test_a_task_with_an_action_plugin_never_waits_for_a_lease_of_its_own_run(ans
     assert run.rc == 0, run.out
     assert "held by this same playbook run" in run.out, run.out
     assert not (ansible.work / "never.txt").exists()
+
+
+BUSY = """\
+- name: Tasks with their own action plugin while another holder has the lock
+  hosts: "{{ target }}"
+  gather_facts: false
+  tasks:
+    - name: Template with timeout 0 (its first step, the stat, must not run either)
+      hostlock.core.locked:
+        name: busy
+        directory: "{{ lockdir }}"
+        timeout: 0
+        task:
+          ansible.builtin.template:
+            src: "{{ workdir }}/greeting.j2"
+            dest: "{{ workdir }}/{{ target }}-busy.txt"
+            mode: "0644"
+      register: refused
+      ignore_errors: true  # noqa: ignore-errors - the test reads the failure
+
+    - name: The same with on_conflict skip
+      hostlock.core.locked:
+        name: busy
+        directory: "{{ lockdir }}"
+        timeout: 0
+        on_conflict: skip
+        task:
+          ansible.builtin.copy:
+            content: "never\\n"
+            dest: "{{ workdir }}/{{ target }}-busy.txt"
+            mode: "0644"
+      register: skipped
+
+    - name: Copy in check mode reports the holder and writes nothing
+      hostlock.core.locked:
+        name: busy
+        directory: "{{ lockdir }}"
+        task:
+          ansible.builtin.copy:
+            content: "never\\n"
+            dest: "{{ workdir }}/{{ target }}-busy.txt"
+            mode: "0644"
+      check_mode: true
+      register: checked
+
+    - name: Save what the tasks returned
+      ansible.builtin.copy:
+        content: "{{ dict(refused=refused, skipped=skipped, checked=checked) | to_json }}"
+        dest: "{{ workdir }}/{{ target }}-busy.json"
+        mode: "0644"
+      delegate_to: localhost
+      vars:
+        ansible_connection: local
+        ansible_python_interpreter: "{{ ansible_playbook_python }}"
+"""
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_a_busy_lock_stops_the_task_before_its_first_step_and_check_mode_takes_nothing(ansible, engine, target):
+    (ansible.work / "greeting.j2").write_text("hello\n")
+    playbook = ansible.work / "busy.yml"
+    playbook.write_text(BUSY)
+    with engine.Lock("busy", directory=str(ansible.lockdir), label="the other holder"):
+        run = ansible.play(str(playbook), extra_vars=dict(target=target))
+        assert run.rc == 0, run.out
+        res = json.loads((ansible.work / f"{target}-busy.json").read_text())
+        assert not (ansible.work / f"{target}-busy.txt").exists()
+        refused = res["refused"]
+        assert refused["failed"] and "did not run" in refused["msg"], refused
+        assert refused["hostlock"]["event"] == "conflict" and not refused["hostlock"]["taken"], refused
+        assert "the other holder" in json.dumps(refused["hostlock"]["holders"]), refused
+        assert res["skipped"]["skipped"] and res["skipped"]["hostlock"]["event"] == "conflict", res["skipped"]
+        checked = res["checked"]
+        assert checked["hostlock"]["event"] == "check" and checked["hostlock"]["free"] is False, checked
+        assert checked.get("changed") is True, checked  # what the copy would do
+        # nothing of ours is left on the lock: only the other holder
+        holders = engine.status("busy", directory=str(ansible.lockdir)).holders
+        assert [h.label for h in holders] == ["the other holder"], holders
+    assert engine.status("busy", directory=str(ansible.lockdir)).state == "free"

@@ -20,6 +20,7 @@ from engine_helpers import LIB
 
 import hostlock
 from hostlock import lease as _lease
+from hostlock.host import channel as _channel
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 PYTHON = "/usr/bin/python3"  # the attacker needs no hostlock: plain sockets, readable by nobody
@@ -242,10 +243,10 @@ def test_whoever_takes_the_name_after_the_holder_ends_learns_nothing_and_fakes_n
 def test_the_holder_itself_refuses_a_renewal_past_the_limit(victim, lockdir):
     token, address = victim
     with pytest.raises(hostlock.TokenError) as e:
-        _lease._request("victim", token, lockdir, "renew", "1e10")  # past the client's own check
+        _channel.request("victim", token, lockdir, "renew", "1e10")  # past the client's own check
     assert e.value.reason == "refused" and "at most" in str(e.value)
     with pytest.raises(hostlock.TokenError) as e:
-        _lease._request("victim", token, lockdir, "renew", "nan")
+        _channel.request("victim", token, lockdir, "renew", "nan")
     assert e.value.reason == "refused"
     _still_held_and_owner_in_control(lockdir, token)
 
@@ -255,7 +256,7 @@ def test_a_stopped_holder_is_a_bounded_wait_then_a_clear_error(victim, lockdir, 
     import signal
 
     token, _address = victim
-    monkeypatch.setattr(_lease, "_CLIENT_SECONDS", 0.5)  # the real bound is 10 s; the behaviour is the same
+    monkeypatch.setattr(_channel, "CLIENT_SECONDS", 0.5)  # the real bound is 10 s; the behaviour is the same
     pid = hostlock.holders("victim", lockdir)[0].pid
     os.kill(pid, signal.SIGSTOP)
     try:

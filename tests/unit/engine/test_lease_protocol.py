@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import hostlock
 from hostlock import lease as _lease
+from hostlock.host import channel as _channel
 
 SECRET = "0123456789abcdef" * 2
 
@@ -31,8 +32,8 @@ def channel(lockdir):
 
 def _request(verb: str, arg: str = "-", name: str = "victim", secret: str = SECRET) -> tuple[bytes, str]:
     nonce = os.urandom(16).hex()
-    text = "%s %s %s %s %s" % (_lease._PROTOCOL, verb, name, nonce, arg)
-    return ("%s %s" % (text, _lease._proof(secret, "request", text))).encode(), nonce
+    text = "%s %s %s %s %s" % (_channel.PROTOCOL, verb, name, nonce, arg)
+    return ("%s %s" % (text, _channel.proof(secret, "request", text))).encode(), nonce
 
 
 # One channel for every input on purpose: the test asserts that no input changes its state.
@@ -54,7 +55,7 @@ def test_a_proven_request_acts_and_its_answer_is_proven(channel):
     line, nonce = _request("renew", "120")
     answer = channel._answer(line).decode().strip()
     body, _sep, proof = answer.rpartition(" ")
-    assert body.startswith("OK ") and proof == _lease._proof(SECRET, "answer", nonce + " " + body)
+    assert body.startswith("OK ") and proof == _channel.proof(SECRET, "answer", nonce + " " + body)
     for bad in (_request("renew", "120", secret="f" * 32)[0], _request("renew", "120", name="other")[0],
                 _request("renew", "1e10")[0], _request("renew", "nan")[0], _request("stop")[0]):
         assert channel._answer(bad).startswith(b"ERR ")
