@@ -460,8 +460,10 @@ def main() -> None:
         lease = HEARTBEAT_LEASE if p["lease"] is None else parse_duration(p["lease"], "lease")
         payload = base64.b64decode(p["payload"])
         if p["heartbeat"] and not module.check_mode:
-            lock: Lock | PathLock | LeaseTake = LeaseTake(name, lease, mode=p["mode"], slots=p["slots"],
-                                                           directory=p["directory"], label=p["label"], path=p["path"])
+            lock: Lock | PathLock | LeaseTake = LeaseTake(
+                name, lease, mode=p["mode"], slots=p["slots"], directory=p["directory"], label=p["label"],
+                path=p["path"],
+            )
         elif p["path"]:
             lock = PathLock(p["path"], mode=p["mode"])
         else:

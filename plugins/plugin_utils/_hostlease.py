@@ -118,8 +118,8 @@ class TaskLease:
 
         lease = self
         orig_module, orig_command = ActionBase._execute_module, ActionBase._low_level_execute_command
-        saved = {name: ActionBase.__dict__[name] for name in ("_execute_module", "_low_level_execute_command",
-                                                             *HOUSEKEEPING)}
+        routed = ("_execute_module", "_low_level_execute_command", *HOUSEKEEPING)
+        saved = {name: ActionBase.__dict__[name] for name in routed}
 
         def execute_module(act: t.Any, module_name: t.Any = None, module_args: t.Any = None, tmp: t.Any = None,
                            task_vars: t.Any = None, persist_files: bool = False, delete_remote_tmp: t.Any = None,

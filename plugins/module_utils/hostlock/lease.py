@@ -515,5 +515,3 @@ class _Channel:
         if say:
             _send_once(conn, say)
         conn.close()
-
-

@@ -39,17 +39,14 @@ def via(dirfd: int, directory: str, entry: str) -> str:
     return os.path.join(directory, entry)
 
 
-
 def proof(secret: str, kind: str, text: str) -> str:
     """HMAC-SHA256 of `text` under the token's secret; `kind` keeps request and answer proofs apart."""
     return hmac.new(secret.encode(), ("hostlock-lease %s\0%s" % (kind, text)).encode(), hashlib.sha256).hexdigest()
 
 
-
 def path_name(path: str) -> str:
     """The name a path lease answers to on its channel: one word, whatever the path holds (spaces too)."""
     return "path-" + hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
 
 
 def peer_uid(conn: socket.socket) -> int | None:
@@ -64,9 +61,8 @@ def peer_uid(conn: socket.socket) -> int | None:
     return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]
 
 
-
 def exchange(address: str, request: bytes, deadline: float, gone: TokenError, owner: int | None = None,
-              denied: TokenError | None = None) -> str:
+             denied: TokenError | None = None) -> str:
     """Send one request and read one line back; '' when the holder hung up without answering.
 
     The listening peer must be of our uid or root's (a holder refuses every other user anyway), or, for a
