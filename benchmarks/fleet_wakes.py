@@ -103,7 +103,7 @@ def measure(member: fleet_etcd.Etcd, n: int, slots: int, hold: float) -> tuple:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("n", nargs="?", type=int, default=8, help="waiters (default 8)")
     ap.add_argument("--slots", type=int, default=1, help="an S-slot lock (default 1: exclusive)")
     ap.add_argument("--hold", type=float, default=0.0, help="each waiter holds this long (default 0)")
