@@ -92,6 +92,40 @@ def test_a_waiter_behind_a_black_hole_to_the_only_member_is_served_by_its_other_
     handoff_through_a_gray_failure(cli, etcd.url, url(p.endpoint, etcd.endpoint), p.cut, p.heal)
 
 
+@pytest.mark.parametrize("gray", ["w1", "w2"])
+def test_a_slot_waiter_whose_member_is_stopped_is_served_through_another(cli, cluster, gray):
+    """2 slots: a1 and a2 hold; w1 (the first not admitted: it watches the name), then w2 and w3 (each
+    watches the key just ahead, rewritten once its owner holds) queue; `gray` goes through the member that
+    hangs. a1 leaves: w1, w2 and w3 are served in turn through its slot (a2 holds the other), then a2 leaves.
+    w1 misses the deletion that admits it, or w2 the rewrite that makes it first, unless it reads through
+    another member."""
+    bad, good = split(cluster)
+    good_url = url(*(m.endpoint for m in good))
+    bad_url = url(bad.endpoint, *(m.endpoint for m in good))
+    gates = {}
+    for tag in ("a1", "a2"):
+        script, started, go = gated(cli, tag)
+        gates[tag] = (run(cli, good_url, tag, "--slots", "2", job=script), go)
+        wait_file(started)
+    waiters = []
+    for k, tag in enumerate(("w1", "w2", "w3")):
+        waiters.append(run(cli, bad_url if tag == gray else good_url, tag, "--slots", "2", "-w", "5m"))
+        wait_waiters(cli, good_url, "deploy", k + 1)
+    bad.pause()
+    try:
+        a1, go = gates["a1"]
+        go.write_text("")
+        assert a1.wait(timeout=GUARD) == 0
+        for w in waiters:
+            assert w.wait(timeout=GUARD) == 0, w.stderr.read()
+    finally:
+        bad.resume()
+    assert (cli.tmp / "order").read_text().split() == ["w1", "w2", "w3"]
+    a2, go = gates["a2"]
+    go.write_text("")
+    assert a2.wait(timeout=GUARD) == 0
+
+
 def test_a_holder_whose_member_is_stopped_learns_its_key_was_deleted(cli, cluster):
     """Its key deleted (not its lease) while the member its watch is on hangs: the keep-alive gets through
     another member, and the key is watched there from then on: the holder stops its job and exits 79."""

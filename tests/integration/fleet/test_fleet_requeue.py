@@ -44,16 +44,20 @@ class E:
 
 
 @pytest.mark.parametrize(("queue", "watched"), [
-    ([E("h"), E("w1"), E("me")], "w1"),  # exclusive: the key just ahead, not the holder
-    ([E("r1", "shared"), E("w", "exclusive"), E("r2", "shared"), E("me", "shared")], "w"),  # the writer ahead
-    ([E("r1", "shared"), E("r2", "shared"), E("me")], "r2"),  # a writer: the last reader ahead
-    ([E("a", slots=2), E("b", slots=2), E("me", slots=2)], None),  # any slot holder leaving admits it
-    ([E("x"), E("b", slots=2), E("me", slots=2)], "b"),  # an exclusive ahead: waited for whole, the last first
-    ([E("me")], None),  # holds
+    ([E("h"), E("w1"), E("me")], ("w1", False)),  # exclusive: the key just ahead, not the holder
+    ([E("r1", "shared"), E("w", "exclusive"), E("r2", "shared"), E("me", "shared")], ("w", False)),  # the writer
+    ([E("r1", "shared"), E("r2", "shared"), E("me")], ("r2", False)),  # a writer: the last reader ahead
+    ([E("a", slots=2), E("b", slots=2), E("me", slots=2)], (None, False)),  # first not admitted: any going
+    ([E("a", slots=2), E("b", slots=2), E("c", slots=2), E("me", slots=2)], ("c", True)),  # c's rewrite
+    ([E("x"), E("b", slots=2), E("me", slots=2)], ("b", True)),  # b holds once x goes, and says so
+    ([E("a", slots=3), E("b", slots=2), E("me", slots=2)], ("b", True)),  # another N ahead of b: the same
+    ([E("b", slots=2), E("x"), E("me", slots=2)], ("x", False)),  # an exclusive just ahead: its deletion
+    ([E("x"), E("me", slots=2)], ("x", False)),
+    ([E("me")], (None, False)),  # holds
 ])
 def test_a_waiter_watches_only_the_key_that_can_admit_it(queue, watched):
-    got = _etcd_lock.waits_on(queue, len(queue) - 1)
-    assert (got.key if got is not None else None) == watched
+    got, rewritten = _etcd_lock.waits_on(queue, len(queue) - 1)
+    assert (got.key if got is not None else None, rewritten) == watched
 
 
 @pytest.mark.parametrize("after", ["lease/grant", "kv/txn", "lease/revoke"])

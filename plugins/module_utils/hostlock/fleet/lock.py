@@ -9,10 +9,12 @@ acquisition, its value the owner record (core.owner.build_record, plus `slots`).
   no writer starvation);
 - N slots: holds when fewer than N keys have a lower create_revision.
 
-A waiter watches the deletion of the key(s) ahead of it (never polls) and re-reads on each. Liveness is the
-lease: a keep-alive thread renews it every TTL/3 and declares the lock lost at the last successful keep-alive
-send + TTL (minus a margin), on CLOCK_BOOTTIME so a process stopped and resumed (or a suspended machine)
-counts the time it did not run; a keep-alive answer with TTL 0, or our key deleted or moved to another lease
+A waiter watches only what can admit it (never polls; `waits_on`): the deletion of one key ahead, or for the
+first slot taker not admitted the deletion of any, or for the slot takers behind it the rewrite of the key
+just ahead (a slot taker that waited puts its key again once it holds). Liveness is the lease: a keep-alive
+thread renews it every TTL/3 and declares the lock lost at the last successful keep-alive send + TTL (minus a
+margin), on CLOCK_BOOTTIME so a process stopped and resumed (or a suspended machine) counts the time it did
+not run; a keep-alive answer with TTL 0, or our key deleted or moved to another lease
 (a watch on it), is a loss too. The fence is the key's create_revision: strictly increasing per name.
 """
 
@@ -87,16 +89,29 @@ def blockers(entries: list, i: int) -> list:
     return admission.blockers(entries[:i], me.mode, me.slots)
 
 
-def waits_on(entries: list, i: int) -> Entry | None:
-    """The one key whose deletion can admit entries[i] (the last that blocks it, as etcd's waitDeletes), or None
-    when any key ahead going can admit it (slot takers of the same N: they count, whichever goes first)."""
-    blocking = blockers(entries, i)
-    if not blocking:
-        return None
+def waits_on(entries: list, i: int) -> tuple:
+    """What entries[i], which does not hold, watches: (key, rewritten). key None: the deletion of any key of
+    the name; rewritten: the key's rewrite (a put) wakes it as well as its deletion.
+
+    - by default, the last key that blocks it, for its deletion (etcd's waitDeletes);
+    - a slot taker whose key just ahead is a slot taker of the same N that holds: it is the first not admitted
+      (exactly N takers ahead, all holding: the rule in core.admission), and any of them leaving admits it;
+    - a slot taker whose key just ahead is a slot taker of the same N that waits too: it holds no sooner than
+      that one (a taker of another kind that keeps that one out is ahead of both; N takers ahead of that one
+      are N+1 ahead of it), and that one rewrites its key once it holds (EtcdLocker._rewrite): the rewrite, or
+      the key's deletion, wakes exactly this waiter, which reads the queue again and is now the first not
+      admitted (or holds).
+
+    So a release wakes the slot taker it admits, and that one's rewrite the next, never the whole queue. A
+    rewrite missed (its writer killed before it, or etcd did not take it) is found by the check of a silent
+    watch (CHECK_EVERY: a read of the queue), and the key's deletion ends the watch anyway.
+    """
     me = entries[i]
-    if me.slots > 1 and all(e.slots == me.slots for e in entries[:i]):
-        return None
-    return blocking[-1]
+    if me.slots > 1 and i and entries[i - 1].slots == me.slots:
+        ahead = entries[i - 1]
+        return (ahead, True) if blockers(entries, i - 1) else (None, False)
+    blocking = blockers(entries, i)
+    return (blocking[-1] if blocking else None), False
 
 
 LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
@@ -675,6 +690,7 @@ class EtcdLocker:
                 session.session._lose_all("etcd says our lease %x is gone" % lease)
             raise _LostPlace(FleetUnavailable("the lease for %s ended before our key was written (%s)"
                                               % (self.path, e), endpoints=self.backend.url.members)) from None
+        waited = False
         while True:
             rev = int((reply.get("header") or {}).get("revision") or 0)
             responses = reply.get("responses") or [{}]
@@ -686,46 +702,73 @@ class EtcdLocker:
             me = entries[idx]
             if session.key is None:
                 session.watch_key(key, me.rev)
-            if not blockers(entries, idx) or self._wait(entries[:idx], me, rev, deadline, session):
+            blocked = bool(blockers(entries, idx))
+            waited = waited or blocked
+            if not blocked or self._wait(entries[:idx], me, rev, deadline, session):
                 session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
                 if session.lost:
                     raise self._gone(session, "lost %s while taking it" % self.path)
+                if waited and me.slots > 1:
+                    self._rewrite(key, me.rev)
                 return EtcdHeld(key, lease, me.rev, session, value)
             if deadline is not None and monotonic() >= deadline:
                 return None
             reply = c.call("kv/range", rng, self._net_deadline(deadline))
 
+    def _rewrite(self, key: bytes, fence: int) -> None:
+        """Tell the slot taker behind us, which may watch our key (`waits_on`), that we hold now: put our key
+        again as it is (same value and lease; same create revision, so the same place and fence). Only a slot
+        taker that waited does it: one that held at once held in every later read of the queue too, so nobody
+        behind it watches it. Best effort: if etcd does not answer at once, that waiter's check of its silent
+        watch (CHECK_EVERY) reads the queue and finds us holding."""
+        try:
+            self.client.call("kv/txn", {
+                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)}],
+                "success": [{"request_put": {"key": b64(key), "ignore_value": True, "ignore_lease": True}}]},
+                monotonic() + CHECK_EVERY, min_try=0.0, attempt=CHECK_ATTEMPT)
+        except (EtcdError, FleetUnavailable):
+            pass
+
     def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Claim) -> bool:
         """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
-        when the queue must be read again (a stream ended, a member stopped answering) or the deadline passed.
+        when the queue must be read again (a stream ended, a member stopped answering, the key watched was
+        rewritten) or the deadline passed.
 
-        The watch starts now and the watched keys are read right after, so no deletion is missed. Keys
-        created later are behind us, so the set of keys ahead only shrinks: tracking it from the
-        events is exact, and the waiter holds the moment nothing ahead blocks it, without reading again
-        (handoff = one delete + one watch event). It watches only the key whose deletion can admit it
-        (`waits_on`: etcd's waitDeletes), so a release wakes only the waiter it admits; when that key goes
-        and another still blocks, False: the caller reads again and watches the next.
+        The watch starts now and what it covers is read right after, so no change is missed. Keys created
+        later are behind us, so the set of keys ahead only shrinks: tracking it from the events is exact, and
+        the waiter holds the moment nothing ahead blocks it, without reading again (handoff = one delete + one
+        watch event). It watches only what can admit it (`waits_on`), so a release wakes only the waiter it
+        admits: one key for its deletion (etcd's waitDeletes; when that key goes and another still blocks,
+        False: the caller reads again and watches the next); the whole name's deletions for the first slot
+        taker not admitted; the slot taker just ahead, for its deletion or its rewrite, for the slot takers
+        behind that one (False on either: read again, watch as the queue now says).
         """
-        target = waits_on([*before, me], len(before))
+        target, rewritten = waits_on([*before, me], len(before))
+        whole = target is None or rewritten  # whether the read below must see every key ahead, not the target's
+        # The first slot taker not admitted watches the deletions of the whole name, not the N keys ahead: keys
+        # sort by lease id, not by create revision, so no key range holds just the keys ahead ([prefix, our
+        # key) is a random subset of the name), and N keys would be N streams, each a connection of its own.
+        # The name's deletions are the releases of its N holders, all ahead of it (each admits it), and the rare
+        # waiter behind it that gives up (an event it ignores).
         key, end = (self.prefix, prefix_end(self.prefix)) if target is None else (target.key, None)
-        # Watch from now, then look: a deletion before the watch began is in the read below, one after it in
+        filters: tuple = () if rewritten else ("NOPUT",)  # a rewrite is a put; otherwise deletions alone
+        # Watch from now, then look: a change before the watch began is in the read below, one after it in
         # the stream. (A watch from the older revision `rev`+1 would be "unsynced" in etcd while others write,
         # and its first event wait for etcd's catch-up loop: up to 100 ms per wait under contention.)
-        w = self.client.watch(key, end, 0, self._net_deadline(deadline), wake=(session.lost_r,))
+        w = self.client.watch(key, end, 0, self._net_deadline(deadline), filters=filters, wake=(session.lost_r,))
         try:
-            body = {"key": b64(key), "keys_only": True}
-            if end is not None:
-                body["range_end"] = b64(end)
-            reply = self.client.call("kv/range", body, self._net_deadline(deadline))
+            reply = self.client.call("kv/range", self._keys(None if whole else target), self._net_deadline(deadline))
             present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
-            if me.key not in present and target is None:
+            if me.key not in present and whole:
                 raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
-            ahead = [e for e in before if e.key in present or (target is not None and e is not target)]
+            ahead = [e for e in before if e.key in present or (not whole and e is not target)]
             if not blockers([*ahead, me], len(ahead)):
                 return True
             if target is not None and target.key not in present:
                 return False  # it went before the watch began; others still block: read the queue again
-            left = self._watch_until(w, target, ahead, me, deadline, session)
+            if rewritten and not blockers(ahead, ahead.index(target)):
+                return False  # it held before the watch began: we are the first not admitted now
+            left = self._watch_until(w, target, rewritten, ahead, me, deadline, session)
         finally:
             w.close()
         # The watched key went and others ahead still block us (they may have gone unseen): read the queue
@@ -733,12 +776,13 @@ class EtcdLocker:
         # catch-up loop (up to 100 ms) per key, far more than one read.
         return left is not None and not blockers([*left, me], len(left))
 
-    def _watch_until(self, w: Watch, target: Entry | None, ahead: list, me: Entry, deadline: float | None,
-                     session: Claim) -> list | None:
+    def _watch_until(self, w: Watch, target: Entry | None, rewritten: bool, ahead: list, me: Entry,
+                     deadline: float | None, session: Claim) -> list | None:
         """The keys still ahead once `target` (or, watching the whole name, enough keys ahead) went; None when
-        the queue must be read again. A stream silent for CHECK_EVERY is checked: a range (CHECK_ATTEMPT per
-        member) tells whether the member it is on still answers and whether it missed a deletion, so a member
-        that hangs (SIGSTOP) or a link that black-holes costs a waiter seconds, not its whole wait."""
+        the queue must be read again (always, once a target watched for its rewrite changed). A stream silent
+        for CHECK_EVERY is checked: a range (CHECK_ATTEMPT per member) tells whether the member it is on still
+        answers and whether it missed a change, so a member that hangs (SIGSTOP) or a link that black-holes
+        costs a waiter seconds, not its whole wait."""
         quiet_until = monotonic() + CHECK_EVERY
         while True:
             if session.lost:
@@ -752,11 +796,13 @@ class EtcdLocker:
                 return None  # the stream ended (member down, compaction): read again, watch from there
             if evs is None:
                 if monotonic() >= quiet_until:
-                    if not self._stream_ok(w, target, ahead):
+                    if not self._stream_ok(w, target, rewritten, ahead, me):
                         return None
                     quiet_until = monotonic() + CHECK_EVERY
                 continue
             quiet_until = monotonic() + CHECK_EVERY
+            if rewritten and target is not None and any(key == target.key for _kind, key, _kv in evs):
+                return None  # it holds now, or left: read the queue again, watch as it says
             deleted = {key for kind, key, _kv in evs if kind == "DELETE"}
             if me.key in deleted:
                 raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
@@ -765,23 +811,33 @@ class EtcdLocker:
                 if target is not None or not blockers([*ahead, me], len(ahead)):
                     return ahead
 
-    def _stream_ok(self, w: Watch, target: Entry | None, ahead: list) -> bool:
-        """Whether the watch `w` can be trusted on: its member answered a read now, and the read shows no key
-        gone that the stream has not reported. A member that does not answer within CHECK_ATTEMPT is skipped
-        for the next, so the read comes from a member that answers; the next watch opens there."""
-        if target is not None:
-            body = {"key": b64(target.key), "keys_only": True}
-        else:
-            body = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "keys_only": True}
+    def _stream_ok(self, w: Watch, target: Entry | None, rewritten: bool, ahead: list, me: Entry) -> bool:
+        """Whether the watch `w` can be trusted on: its member answered a read now, and the read shows no change
+        the stream has not reported (a key gone; for a target watched for its rewrite, that it holds, or that we
+        do: a rewrite missed because its writer was killed first, or etcd did not take it, is found here). A
+        member that does not answer within CHECK_ATTEMPT is skipped for the next, so the read comes from a
+        member that answers; the next watch opens there."""
         try:
-            reply = self.client.call("kv/range", body, monotonic() + CHECK_ATTEMPT, min_try=0.0,
-                                     attempt=CHECK_ATTEMPT)
+            reply = self.client.call("kv/range", self._keys(None if target is None or rewritten else target),
+                                     monotonic() + CHECK_ATTEMPT, min_try=0.0, attempt=CHECK_ATTEMPT)
         except (FleetUnavailable, EtcdError):
             return True  # nobody answers: the lease's clock decides (the session), keep the stream meanwhile
         if self.client.answering != w.i:
             return False  # the read came from another member: the stream's own member did not answer
         present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
-        return all(e.key in present for e in ahead) if target is None else target.key in present
+        if target is None:
+            return all(e.key in present for e in ahead)
+        if not rewritten:
+            return target.key in present
+        now = [e for e in ahead if e.key in present]
+        return (target.key in present and bool(blockers([*now, me], len(now)))
+                and bool(blockers(now, now.index(target))))
+
+    def _keys(self, target: Entry | None) -> dict:
+        """A read of `target`'s key, or of every key of the name (None): keys only, their values not needed."""
+        if target is not None:
+            return {"key": b64(target.key), "keys_only": True}
+        return {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "keys_only": True}
 
     def _gone(self, session: Claim, what: str) -> _LostPlace:
         why = session.why or "our key was deleted"
