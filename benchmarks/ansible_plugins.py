@@ -322,19 +322,16 @@ def main() -> None:
         "",
         "A locked `template` or `copy` (a module with its own action plugin) cannot be one module run: its action "
         "renders and transfers on the controller and runs its own modules on the host (stat, then copy or file), "
-        "so it runs under a heartbeat lease on the host: the lock module takes the lease (one module run, which "
-        "also answers with the in-flight environment), the controller forks the lease's heartbeat, the task runs "
-        "as it would alone, and the lease is released. What each step costs per task, measured the same way "
-        "(plays of N+1 tasks against 1, medians; python3.8 on the host): a module run is 181 ms locally and "
-        "273 ms over SSH (ping); the lock module's acquire and release are about 225 and 305 ms each; forking "
-        "the heartbeat and stopping it 5 ms on the controller; a bare `python3.8 -I -S -c` on the host 35 and "
-        "41 ms. So these rows pay two lock module runs (acquire and release, each about a bare task's module "
-        "run) on top of the task: that is why they miss the 1.3x that one-module `locked` meets. Measured and "
-        "not adopted: releasing with one short interpreter run on the host instead of the module (the token on "
-        "its standard input, the proven release request) gave 2.20x -> 1.69x for template and 2.08x -> 1.61x "
-        "for copy locally, 2.17x -> 1.72x and 1.96x -> 1.71x over SSH (5 tasks, 3 rounds), but it was a second "
-        "client of the lease protocol written beside the engine's; it waits until the engine's own release "
-        "client can be shipped as it is (issue 25's split of what runs on a host).",
+        "so it runs under a heartbeat lease on the host, taken in the task's first module run: that run (the "
+        "stat) goes through the `locked` runner, which takes the lease, runs the stat under it and answers with "
+        "both; the controller forks the lease's heartbeat, the task's next steps run as they would alone (with "
+        "the lease's in-flight mark), and the lease is released by one short `python -I -S` run on the host that "
+        "imports only the engine's own lease client (plugin_utils/_engine_call.py). Before issue 23's last step "
+        "these rows paid two extra lock module runs (take and release, each about a bare task's module run: "
+        "2.09-2.20x locally, 1.93-2.15x over SSH); now they pay the runner in the first step (the engine's "
+        "import, the lease's holder, a payload twice the stat's) and the short release run. Timed in the action "
+        "while building it (local, python3.8 on the host): the first step 250-300 ms against a plain module "
+        "run's 180 ms, the heartbeat's start 6-10 ms, the release run 30-45 ms.",
     ]
     table = "\n".join(lines)
     print(table)

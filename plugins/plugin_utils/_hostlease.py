@@ -102,6 +102,7 @@ class TaskLease:
         self.info: dict = {}
         self.interpreter: str | None = None
         self._busy = 0  # inside a housekeeping step or our own take: commands pass through
+        self.deferred: list = []  # the task's temporary directories' removal, run with the release
 
     @property
     def token(self) -> str | None:
@@ -143,6 +144,21 @@ class TaskLease:
         ActionBase._low_level_execute_command = low_level
         for name in HOUSEKEEPING:
             setattr(ActionBase, name, self._quiet(saved[name]))
+        remove_now = self._quiet(saved["_remove_tmp_path"])
+
+        def remove_tmp_path(act: t.Any, tmp_path: t.Any = None, force: bool = False) -> None:
+            if tmp_path is None and act._connection._shell.tmpdir:
+                tmp_path = act._connection._shell.tmpdir
+            # Said in the release's command, one command on the host instead of two, where that command runs
+            # as the user who made the directory or as root (the release runs with the task's become).
+            if (lease.token and lease.interpreter and act is not lease.action and tmp_path
+                    and not act._is_become_unprivileged() and (force or act._should_remove_tmp_path(tmp_path))):
+                lease.deferred.append(act._connection._shell.remove(tmp_path, recurse=True))
+                act._connection._shell.tmpdir = None
+                return None
+            return remove_now(act, tmp_path, force)
+
+        ActionBase._remove_tmp_path = remove_tmp_path
         connection = self.action._connection
         orig_fetch = connection.fetch_file
 
@@ -265,18 +281,22 @@ class TaskLease:
             return True
         _heartbeat.stop(token)
         which = {k: self.lock_args[k] for k in ("name", "path") if self.lock_args.get(k)}
+        deferred, self.deferred = self.deferred, []
         if self.interpreter:
             try:
                 args, data = _engine_call.request(
                     _engine_call.RELEASE_CALL, _engine_call.RELEASE_ROOTS, which.get("name", ""), token,
                     directory=self.got.get("directory"), path=which.get("path"))
-                out = self.action._low_level_execute_command(f"{shlex.quote(self.interpreter)} {args}",
-                                                             in_data=data)
+                command = "".join(f"{rm}; " for rm in deferred) + f"{shlex.quote(self.interpreter)} {args}"
+                out = self.action._low_level_execute_command(command, in_data=data)
+                deferred = []  # the command ran: its removals with it
                 ok, _why = _engine_call.outcome(str(out.get("stdout", "")))
                 if ok:
                     return True
             except Exception:  # noqa: BLE001 - the module below says what is wrong, or releases
                 pass
+        for rm in deferred:
+            self.action._low_level_execute_command(rm, sudoable=False)
         release = dict(which, state="released", token=token, directory=self.got.get("directory"))
         freed = self.action._execute_module(module_name=LOCK_MODULE, module_args=release, task_vars=self.task_vars)
         self.release_error = None if not freed.get("failed") else str(freed.get("msg"))

@@ -36,8 +36,12 @@ def test_locked_takes_any_task_with_its_action_plugin_under_the_host_lock(ansibl
     vprobe = ansible.work / "vprobe.sh"
     vprobe.write_text(VPROBE)
     vprobe.chmod(0o755)
-    run = ansible.play("locked_actions.yml", extra_vars=dict(target=target, lock=lock))
+    remote_tmp = ansible.work / f"remote-tmp-{target}"
+    run = ansible.play("locked_actions.yml", extra_vars=dict(target=target, lock=lock),
+                       ANSIBLE_REMOTE_TMP=str(remote_tmp))
     assert run.rc == 0, run.out
+    # Every task's temporary directory is gone (removed with the lease's release, in the same command)
+    assert remote_tmp.is_dir() and not list(remote_tmp.iterdir()), list(remote_tmp.iterdir())
     res = json.loads((ansible.work / f"{target}-results.json").read_text())
     assert (ansible.work / f"{target}-greeting.txt").read_text() == f"hello {target}\n"
     assert (ansible.work / f"{target}-copied.txt").read_text() == f"copied {target}\n"

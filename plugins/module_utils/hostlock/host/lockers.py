@@ -14,7 +14,7 @@ import time
 
 from . import kernel as _kernel
 from .directory import foreign_file_error, must_adopt, open_directory, open_lock_file, replace_own
-from .record import backoff_sleep
+from .waiting import backoff_sleep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,7 +180,6 @@ class RecordLocker:
 
         Without kernel locks nothing can wake a waiter: it polls with backoff; `fifo` cannot be honoured.
         """
-        from .record import backoff_sleep
 
         attempt = 0
         while True:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import time
 
 from ..core.owner import BOOT_ID, HOSTNAME, Holder, _Self, is_alive, parse_record, record_prefix
 from .directory import file_error
@@ -297,15 +296,3 @@ class RecordMechanism:
                 elif self._break(dirfd, directory, filename, got[1], shared):
                     removed.append(Holder(fields, file=got[2]))
         return removed
-
-
-def backoff_sleep(attempt: int, deadline: float | None) -> bool:
-    """Sleep before the next poll; False once the deadline has passed."""
-    delay = min(0.05, 0.0005 * (2 ** min(attempt, 10)))
-    if deadline is not None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        delay = min(delay, left)
-    time.sleep(delay)
-    return True

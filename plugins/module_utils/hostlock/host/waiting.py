@@ -202,3 +202,15 @@ class Race:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+def backoff_sleep(attempt: int, deadline: float | None) -> bool:
+    """Sleep before the next poll; False once the deadline has passed."""
+    delay = min(0.05, 0.0005 * (2 ** min(attempt, 10)))
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        delay = min(delay, left)
+    time.sleep(delay)
+    return True
