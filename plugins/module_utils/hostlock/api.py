@@ -14,20 +14,12 @@ import time
 from _weakref import ref
 
 from .core.errors import HostlockError, LockFileError, LockLost, LockTimeout, MechanismError
-from .core.model import MODES, LockStatus
-from .core.names import check_duration, validate_name
+from .core.model import MECHANISM_CHOICES, MODES, LockStatus
+from .core.names import MAX_SLOTS, check_duration, validate_name
 from .core.owner import Holder, _Self, build_record, parse_record, record_prefix
-from .host import kernel as _kernel
-from .host.directory import (
-    MECHANISM_CHOICES,
-    default_directory,
-    directory_mechanism,
-    open_directory,
-    open_lock_file,
-    read_marker,
-)
-from .host.lockers import KERNEL as _KERNEL
-from .host.lockers import locker
+
+# The host mechanisms (host/) are imported where a host lock needs them, not here: a process that takes only
+# fleet locks (`hostlock run --fleet`, the controller's plugins) never loads them (about 2 ms of its start).
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,9 +59,8 @@ def fleet_backend(fleet: str) -> Backend:
     statement (those inside functions too) into a module's payload, and fleet code never runs on a managed
     host. tests/unit/test_layout.py keeps every other arrow into fleet/ out of what a host imports.
     """
-    import importlib
-
-    return importlib.import_module(_FLEET).backend(fleet)
+    # __import__, not importlib.import_module: `import importlib` loads `warnings` too, on every fleet start.
+    return __import__(_FLEET, None, None, ("backend",), 0).backend(fleet)
 
 
 def _track(lock: Lock) -> None:
@@ -88,8 +79,8 @@ class Lock:
         self.name = validate_name(name)
         if mode not in MODES:
             raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
-        if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= _kernel.MAX_SLOTS:
-            raise ValueError("slots must be a whole number from 1 to %d, not %r" % (_kernel.MAX_SLOTS, slots))
+        if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= MAX_SLOTS:
+            raise ValueError("slots must be a whole number from 1 to %d, not %r" % (MAX_SLOTS, slots))
         if slots > 1 and mode != "exclusive":
             raise ValueError("a semaphore (slots > 1) takes its slots exclusively: use mode='exclusive'")
         if mechanism not in MECHANISM_CHOICES:
@@ -118,6 +109,10 @@ class Lock:
             self.path = self._locker.path
             _track(self)
             return
+        from .host import kernel as _kernel
+        from .host.directory import default_directory, directory_mechanism, open_directory
+        from .host.lockers import locker
+
         self.directory = os.path.abspath(directory or default_directory())
         dirfd, shared_dir = open_directory(self.directory)
         try:
@@ -314,6 +309,8 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
     validate_name(name)
     if fleet:
         return fleet_backend(fleet).status(name)
+    from .host.directory import default_directory, open_directory, read_marker
+
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
@@ -325,6 +322,9 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
 
 
 def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
+    from .host.directory import open_lock_file
+    from .host.lockers import KERNEL as _KERNEL
+
     if mechanism == "record":
         slots, entries = _record_mechanism().inspect(dirfd, name)
         holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl) for f, m, s, _n, fi, pl in entries]
@@ -381,6 +381,8 @@ def list_locks(directory: str | None = None, *, fleet: str | None = None) -> lis
     """Every lock in a directory that has a file (in a fleet: that has a key), held or not, sorted by name."""
     if fleet:
         return fleet_backend(fleet).list_locks()
+    from .host.directory import default_directory, open_directory, read_marker
+
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return []
@@ -457,6 +459,8 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
 
 
 def _remove_dead_records(directory: str, name: str) -> list:
+    from .host.directory import open_directory
+
     dirfd = open_directory(directory)[0]
     try:
         return _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
@@ -472,6 +476,7 @@ def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
     """
     import fcntl
 
+    from .host.directory import open_directory, open_lock_file
     from .host.kernel import CONTENTION, F_OFD_SETLK, WHOLE_FILE
 
     dirfd = open_directory(directory)[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..host.directory import MECHANISM_CHOICES
+from ..core.model import MECHANISM_CHOICES
 from . import common as c
 from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
@@ -347,7 +347,7 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
         from ..host.pathlock import PathLock
 
         return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")
-    from .. import Lock
+    from ..api import Lock
 
     if o.name is None:  # the parser sets a name whenever --path is absent
         raise c.UsageError("missing lock NAME")
@@ -395,7 +395,7 @@ def recorder(lock: RunLock, o: Options) -> Callable[[int], None]:
 def lost_text(o: Options, lock: RunLock, job: str | None) -> str:
     """"lost lock 'NAME' in URL: <why>; fence 12; job stopped, exit status 5 after 2s": the engine's reason,
     the fence the job was given, and what became of the job."""
-    from .. import LockLost
+    from ..core.errors import LockLost
 
     if lock.lost:
         why = "lost lock %r in %s: its etcd lease ended" % (o.name, where(lock))

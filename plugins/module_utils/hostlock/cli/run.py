@@ -31,7 +31,7 @@ def main_run(args: list[str]) -> int:
     if o.help:
         c.write_out(RUN_HELP)
         return 0
-    from .. import LockTimeout
+    from ..core.errors import LockTimeout
 
     trapped = trap_wait_signals() if o.fleet is not None else None
     lock = None

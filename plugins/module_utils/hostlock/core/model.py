@@ -65,6 +65,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 MODES = ("exclusive", "shared")
+# The host mechanisms (host/: kernel OFD ranges, flock(), owner files) and what a Lock, --mechanism and the
+# modules accept. Here, not in host/directory.py, so that checking an argument loads no host mechanism.
+MECHANISMS = ("ofd", "flock", "record")
+MECHANISM_CHOICES = ("auto", *MECHANISMS)
 STATUS_SCHEMA = "hostlock.status/1"  # the version of LockStatus.to_json()/Holder.to_json() (docs/cli.md)
 
 
