@@ -63,6 +63,34 @@ def fleet_backend(fleet: str) -> Backend:
     return __import__(_FLEET, None, None, ("backend",), 0).backend(fleet)
 
 
+class _Once:
+    """A Lock.acquire's `meanwhile`, run at most once. Run by a locker (`overlapped`), from inside its I/O, an
+    Exception is kept for acquire to raise once the lock is released again: in a client's network code it
+    would pass for a failure of the network (an OSError of a fork, say)."""
+
+    __slots__ = ("fn", "error")
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn: Callable[[], object] | None = fn
+        self.error: Exception | None = None
+
+    def overlapped(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - raised by run(), outside the locker
+                self.error = e
+
+    def run(self) -> None:
+        """Run it now if no locker did; raise what it raised."""
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+        if self.error is not None:
+            raise self.error
+
+
 def _track(lock: Lock) -> None:
     key = id(lock)
     _LIVE[key] = ref(lock, lambda _r: _LIVE.pop(key, None))
@@ -132,19 +160,34 @@ class Lock:
         """True while this object (in this process) holds the lock."""
         return self._held is not None
 
-    def acquire(self, timeout: float | None = None) -> Lock:
-        """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread."""
+    def acquire(self, timeout: float | None = None, meanwhile: Callable[[], object] | None = None) -> Lock:
+        """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread.
+
+        `meanwhile()`, if given, has run once when this returns: a fleet lock runs it while its first request
+        is on its way to etcd, so work that needs no lock yet overlaps the round trip instead of following it
+        (`hostlock run --fleet` forks its job there, held at its gate). If it raises, acquire raises that,
+        the lock not held; if the lock is not taken, it may have run or not.
+        """
         if timeout is not None:
             timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
+        once = _Once(meanwhile) if meanwhile is not None else None
         me = _thread.get_ident()
         if self._held is not None and self._thread == me:
+            if once is not None:
+                once.run()
             self._count += 1
             return self
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._mutex.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic())):
             raise self._timeout(timeout)
         try:
-            held = self._acquire(deadline)
+            held = self._acquire(deadline, once)
+            if held is not None and once is not None:
+                try:
+                    once.run()  # if the locker had no request to overlap it with
+                except BaseException:
+                    self._locker.release(held)
+                    raise
         except BaseException:
             self._mutex.release()
             raise
@@ -249,12 +292,13 @@ class Lock:
         self._mutex = _thread.allocate_lock()
         self._locker.forget(held)
 
-    def _acquire(self, deadline: float | None) -> Held | None:
+    def _acquire(self, deadline: float | None, once: _Once | None = None) -> Held | None:
         # Know our identity before any wait: a woken waiter must not spend its first moments
         # reading /proc (a fresh process has not computed it yet). The record is then built from the
         # prefix as it is now, without asking the pid again inside the critical section.
         self._refresh_prefix()
-        return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record)
+        return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record,
+                                    None if once is None else once.overlapped)
 
     def _refresh_prefix(self) -> None:
         if self._prefix_pid != _Self.get().pid:
@@ -262,7 +306,10 @@ class Lock:
             self._prefix_pid = _Self.pid
 
     def _built_record(self, slot: int | None, ticket: int | None = None) -> bytes:
-        """The record from the prefix _acquire has just refreshed (same process: no fork in between)."""
+        """The record from the prefix _acquire has just refreshed (same process: no fork in between), or
+        rebuilt from the identity already known if update_record() changed it since (in `meanwhile`)."""
+        if self._prefix_pid == -1:
+            self._refresh_prefix()
         return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: Held) -> None:

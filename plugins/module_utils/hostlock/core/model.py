@@ -24,8 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
         path: str
 
-        def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> Held | None:
-            """Held, with our owner record written, or None once the deadline has passed."""
+        def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
+                    meanwhile: Callable[[], None] | None = None) -> Held | None:
+            """Held, with our owner record written, or None once the deadline has passed. `meanwhile()` may be
+            called (any number of times: the Lock runs it once) while a request is on its way to a server."""
 
         def release(self, held: Any) -> None:
             """Nothing of `held` is held any more when this returns."""
