@@ -165,8 +165,9 @@ class Lock:
 
         `meanwhile()`, if given, has run once when this returns: a fleet lock runs it while its first request
         is on its way to etcd, so work that needs no lock yet overlaps the round trip instead of following it
-        (`hostlock run --fleet` forks its job there, held at its gate). If it raises, acquire raises that,
-        the lock not held; if the lock is not taken, it may have run or not.
+        (`hostlock run --fleet` forks its job there, held at its gate); a host lock first. What it tells
+        update_record() is in the record the lock is taken with. If it raises, acquire raises that, the lock
+        not held; if the lock is not taken, it may have run or not.
         """
         if timeout is not None:
             timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
@@ -184,7 +185,11 @@ class Lock:
             held = self._acquire(deadline, once)
             if held is not None and once is not None:
                 try:
-                    once.run()  # if the locker had no request to overlap it with
+                    if once.fn is not None:  # the fleet lock's lease was there already: no grant to overlap
+                        once.run()
+                        if self._prefix_pid == -1:  # it changed the record
+                            self._write_record(held)
+                    once.run()  # raises what it raised inside the locker
                 except BaseException:
                     self._locker.release(held)
                     raise
@@ -296,6 +301,8 @@ class Lock:
         # Know our identity before any wait: a woken waiter must not spend its first moments
         # reading /proc (a fresh process has not computed it yet). The record is then built from the
         # prefix as it is now, without asking the pid again inside the critical section.
+        if once is not None and self.fleet is None:
+            once.run()  # a host lock takes no round trip to overlap it with: first, so the record has it
         self._refresh_prefix()
         return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record,
                                     None if once is None else once.overlapped)
