@@ -27,7 +27,6 @@ from .core.errors import (
 from .core.model import STATUS_SCHEMA, LockStatus
 from .core.names import MAX_DURATION, parse_duration, validate_name
 from .core.owner import Holder
-from .core.tokens import token_id as _token_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,6 +101,8 @@ def prune_unused(older_than: float, directory: str | None = None, dry_run: bool 
 
 def token_id(token: str) -> str:
     """The public id of a lease token (what status shows); TokenError if it is malformed."""
+    from .core.tokens import token_id as _token_id  # leases only: importing hostlock does not load it
+
     return _token_id(token)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import _socket
 import _thread
 import binascii
-import select
 import sys
 import time
 
@@ -646,6 +645,8 @@ class Watch:
             if left <= 0:
                 return False
             # select first: the socket's own timeout would leave a half-read TLS record or chunk behind.
+            import select  # watches only: not on the path of `hostlock run --fleet`
+
             ready = select.select([sock, *(self.wake if wake else ())], [], [], min(left, 3600.0))[0]
             if sock not in ready:
                 return False

@@ -21,7 +21,6 @@ from __future__ import annotations
 import _signal
 import _thread
 import os
-import select
 import time
 
 from ..core import admission
@@ -29,7 +28,6 @@ from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost, TokenError
 from ..core.names import check_duration, validate_name
 from ..core.owner import Holder, build_record, parse_record, record_prefix
-from ..core.tokens import fleet_token, split_fleet
 from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, b64, monotonic, prefix_end, unb64
 
 TYPE_CHECKING = False
@@ -394,6 +392,10 @@ class Session:
             raise
 
     def _loop(self) -> None:
+        # Here, in the thread: `hostlock run --fleet` never waits for this import (a shared library on many
+        # builds), the thread does it while the main thread waits for etcd's answer to the queue transaction.
+        import select
+
         interval = max(0.1, self.ttl / 3.0)
         next_ka = self.ok_at + interval
         watches: dict = {}  # claim -> the Watch on its key
@@ -964,6 +966,8 @@ class EtcdBackend:
                 locker._revoke(new)
             locker.release(held)
             raise
+        from ..core.tokens import fleet_token  # leases only: not on the path of a lock
+
         return fleet_token(hexid, held.fence)
 
     def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str,
@@ -1010,6 +1014,8 @@ class EtcdBackend:
 
     def _token_key(self, name: str, token: str) -> tuple:
         validate_name(name)
+        from ..core.tokens import split_fleet
+
         hexid, rev = split_fleet(token)
         key = self.name_prefix(name) + hexid.encode()
         kvs = self.client.call("kv/range", {"key": b64(key)}, monotonic() + DEFAULT_TTL).get("kvs") or []
