@@ -205,6 +205,20 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
         if os.getppid() != parent:
             # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
             os._exit(c.EX_OSERR)
+        # What the exec needs but the gate's news, made before waiting at it (a fleet lock's job waits there
+        # for etcd): every object touched copies one of hostlock's pages, better before the lock is held than
+        # after. Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as
+        # subprocess restores them); a SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
+        # (All three are blocked until the exec: nothing changes for us meanwhile.)
+        environ = {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+        for k, v in (job.env or {}).items():
+            environ[os.fsencode(k)] = os.fsencode(v)
+        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
+        _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
+        if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        if job.abort is not None and not _wake_was_blocked:
+            mask = mask - {WAKE}  # blocked by waker() for us, not the job
         # Wait until hostlock has told the watcher our pid and holds the lock: it writes what to add to our
         # environment and "g", then closes its end. EOF without "g" (hostlock died first, or gave the job up
         # because the lock was not taken): never exec.
@@ -220,24 +234,15 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
         if not (message == b"g" or message.endswith(b"\0g")):
             os._exit(c.EX_OSERR)
         os.close(gate)
-        env = dict(job.env or ())
         for item in message[:-1].split(b"\0"):
             if item:
                 key, _eq, value = item.partition(b"=")
-                env[os.fsdecode(key)] = os.fsdecode(value)
+                environ[key] = value
         if out_fd is not None:
             os.dup2(out_fd, 1)
             os.dup2(out_fd, 2)
-        # Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as subprocess
-        # restores them). A SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
-        _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
-        _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
-        if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
-            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-        if job.abort is not None and not _wake_was_blocked:
-            mask = mask - {WAKE}  # blocked by waker() for us, not the job
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
-        execvp(argv, env)
+        execvp(argv, environ=environ)
     except OSError as exc:
         c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
         code = c.EX_OSERR if exc.errno == _errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
@@ -247,17 +252,20 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
         os._exit(code)
 
 
-def execvp(argv: list[str], env: dict[str, str] | None = None) -> None:
-    """execvp(3), with `env` added to our environment: search PATH like the shell (the job's own PATH).
+def execvp(argv: list[str], env: dict[str, str] | None = None, *,
+           environ: Mapping[bytes, bytes] | None = None) -> None:
+    """execvp(3), with `env` added to our environment (or exactly `environ`, made already as bytes: not
+    encoded again for each directory tried): search PATH like the shell (the job's own PATH).
 
     os.execvp would import `warnings` (~1 ms) on every run.
     """
     file = argv[0]
-    environ: Mapping[str, str] = {**os.environ, **env} if env else os.environ
+    if environ is None:
+        environ = {os.fsencode(k): os.fsencode(v) for k, v in ({**os.environ, **env} if env else os.environ).items()}
     if "/" in file:
         os.execve(file, argv, environ)
-    path = environ.get("PATH")
-    dirs = (path if path is not None else os.defpath).split(":")
+    path = environ.get(b"PATH")
+    dirs = (os.fsdecode(path) if path is not None else os.defpath).split(":")
     first: OSError | None = None
     for d in dirs:
         try:
