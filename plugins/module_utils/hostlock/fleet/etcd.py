@@ -660,6 +660,16 @@ class Watch:
         self._raw += data
         return True
 
+    def buffered(self) -> bool:
+        """Whether a whole message is here already, read along with an earlier one (etcd may send a watch's
+        "created" answer and its first event in one segment): select() on the socket cannot see it, its bytes
+        have left the socket. (A stream that ended counts: events() then raises WatchClosed.)"""
+        try:
+            self._dechunk()
+        except WatchClosed:
+            return True
+        return b"\n" in self._body
+
     def _dechunk(self) -> None:
         while True:
             end = self._raw.find(b"\r\n")

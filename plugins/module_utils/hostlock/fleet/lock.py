@@ -442,8 +442,11 @@ class Session:
                             wake_at = min(wake_at, boottime() + 0.5)
                 pause = wake_at - boottime()
                 socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
-                # TLS may hold a whole record already read from the socket: select() would not see it.
-                ready = [claim for claim, w in watches.items() if getattr(w.sock, "pending", None) and w.sock.pending()]
+                # What select() cannot see: a message read along with an earlier one (a key deleted before its
+                # watch opened: etcd's "created" and the DELETE can come in one segment), or a whole TLS record
+                # already read from the socket.
+                ready = [claim for claim, w in watches.items()
+                         if w.buffered() or (getattr(w.sock, "pending", None) and w.sock.pending())]
                 if not ready:
                     got = select.select([self._stop_r, *socks], [], [], max(0.0, pause))[0]
                     ready = [socks[s] for s in got if s in socks]
