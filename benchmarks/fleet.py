@@ -186,15 +186,31 @@ def real_python() -> str:
     return os.path.realpath(venv if venv.exists() else sys.executable)
 
 
-def make_launcher(directory: str) -> str:
-    """`hostlock` as the cli role installs it: `#!PYTHON -IS`, the library's directory, main()."""
-    path = os.path.join(directory, "hostlock")
+def make_launcher(directory: str, engine: str | None = None, python: str | None = None,
+                  name: str = "hostlock") -> str:
+    """`hostlock` as the cli role installs it: `#!PYTHON -IS`, the library's directory, main(). `engine`: that
+    library directory instead of this checkout's; `python`: that interpreter instead of the real one's."""
+    path = os.path.join(directory, name)
+    engine = engine or str(HERE.parent / "plugins" / "module_utils")
     with open(path, "w") as f:
-        engine = str(HERE.parent / "plugins" / "module_utils")
-        f.write(f"#!{real_python()} -IS\nimport sys\n\nsys.path.append({engine!r})\n"
+        f.write(f"#!{python or real_python()} -IS\nimport sys\n\nsys.path.append({engine!r})\n"
                 "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n")
     os.chmod(path, 0o755)
     return path
+
+
+def engine_at(rev: str, directory: str) -> str:
+    """The engine of commit `rev` (git archive of plugins/module_utils/hostlock), byte-compiled for the real
+    interpreter as the cli role does: the library directory for make_launcher, to measure before and after
+    in one run."""
+    dest = os.path.join(directory, "before")
+    os.mkdir(dest)
+    tar = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "plugins/module_utils/hostlock"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=tar, check=True)
+    lib = os.path.join(dest, "plugins", "module_utils")
+    subprocess.run([real_python(), "-I", "-S", "-m", "compileall", "-q", lib], check=True)
+    return lib
 
 
 def run_ms(argv: list[str], samples: int) -> list[float]:
@@ -400,6 +416,12 @@ class Config:
     procs: int
     contend_cycles: int
     etcdctl_contend_cycles: int
+    # `hostlock run --fleet URL NAME true` also measured (interleaved with the others) when asked for: with the
+    # engine of an older commit (before), and with another interpreter (e.g. the distribution's python3).
+    before: str | None = None
+    before_lib: str | None = None
+    python: str | None = None  # as shown: path and version
+    python_path: str | None = None
 
 
 @dataclass
@@ -422,10 +444,18 @@ def measure(t: Target, cfg: Config, workdir: str, log: Callable[[str], None]) ->
         watch_on = t.endpoints.split(",")[0]
     fleet = has_fleet()
     got: dict = {k: [] for k in ("txn", "watch", "floor", "ctl_get", "ctl_lock", "ctl_handoff", "h_cycle",
-                                 "h_handoff", "h_run")}
+                                 "h_handoff", "h_run", "h_run_before", "h_run_python")}
     hl = make_launcher(workdir)
+    variants = {"h_run": hl}
+    if cfg.before_lib:
+        variants["h_run_before"] = make_launcher(workdir, engine=cfg.before_lib, name="hostlock-before")
+    if cfg.python_path:
+        variants["h_run_python"] = make_launcher(workdir, python=cfg.python_path, name="hostlock-python")
     try:
         etcdctl(t.endpoints, "put", "bench/get", "x")
+        if fleet:
+            for launcher in variants.values():  # once first: __pycache__ written, files in the page cache
+                run_ms([launcher, "run", "--fleet", t.url, "bench-run", "true"], 1)
         for k in range(ROUNDS):
             log("%s: round %d/%d: txn, watch, floor, etcdctl, hostlock cycle and handoffs" % (t.label, k + 1, ROUNDS))
             got["txn"] += txn_rtt_ms(t.leader, cfg.samples // ROUNDS)
@@ -435,7 +465,8 @@ def measure(t: Target, cfg: Config, workdir: str, log: Callable[[str], None]) ->
             for _j in range(cfg.process_samples // ROUNDS):  # side by side: one of each, in turn
                 got["ctl_lock"] += process_ms(t.endpoints, ["lock", "bench/etcdctl-cycle", "true"], 1)
                 if fleet:
-                    got["h_run"] += run_ms([hl, "run", "--fleet", t.url, "bench-run", "true"], 1)
+                    for key, launcher in variants.items():
+                        got[key] += run_ms([launcher, "run", "--fleet", t.url, "bench-run", "true"], 1)
             got["ctl_handoff"] += etcdctl_handoff_ms(t.endpoints, gw, workdir, cfg.handoffs // ROUNDS)
             if fleet:
                 got["h_cycle"].append(hostlock_cycle_ms(t.url, cfg.cycles, 1))
@@ -500,12 +531,16 @@ def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, s
         lines += ["", "| hostlock (ms unless stated) | " + " | ".join(t.label for t in targets) + " |",
                   "| --- |" + " ---: |" * len(targets)]
         row("**`hostlock run --fleet URL NAME true`**", "h_run", 1)
+        if any("h_run_before" in t.r for t in targets):
+            row("the same, before (engine of %s)" % cfg.before, "h_run_before", 1)
+        if any("h_run_python" in t.r for t in targets):
+            row("the same, with %s" % cfg.python, "h_run_python", 1)
         row("**hostlock.Lock(fleet=URL)** acquire+release", "h_cycle", 3)
         row("handoff median / max (release -> waiter's acquire returns)", "h_handoff", 2, "h_handoff_max")
         row("%d processes contending: cycles/s" % cfg.procs, "h_tput", 1)
         row("%d processes contending: worst wait" % cfg.procs, "h_worst", 1)
     lines += ["", "Targets (ratios within this run):", ""]
-    lines += goals(targets)
+    lines += goals(targets, cfg)
     lines += ["", *NOTES]
     return "\n".join(lines)
 
@@ -525,17 +560,19 @@ NOTES = [
     "inflates every row; compare ratios.",
     "",
     "`hostlock run --fleet URL NAME true` is a whole process, started as the cli role starts it (a `#!PYTHON "
-    "-IS` launcher): the interpreter's own start (`python3 -I -S -c pass`, ~7 ms here), the imports (~5.5 ms, "
-    "of which the hostlock package's host-lock modules ~1.5 ms, which issue 25's split would spare; no "
-    "`threading` (the keep-alive thread is started with `_thread`), `http.client`, `email`, `json`, `re`, "
-    "`base64`, `socket`, `enum` or `ssl` for etcd://: `python -X importtime` shows them), four round trips "
-    "(lease grant, the queue transaction, the job's pid into the owner record while the job runs, the revoke; "
-    "the record is no longer read back first) and forking the watcher and the job. The Go client starts in "
-    "about the time CPython does nothing.",
+    "-IS` launcher): the interpreter's own start (`python3 -I -S -c pass`) and `os`, the imports (the fleet "
+    "engine, the policy and the command line: no host-lock module, `threading`, `http.client`, `email`, "
+    "`json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
+    "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), three round trips like "
+    "`etcdctl lock`'s (lease grant, the queue transaction, the revoke; etcdctl's third is a delete), the "
+    "watcher and the job's process forked while etcd grants the lease (the job's pid goes into the record the "
+    "queue transaction writes), and the job's exec. The Go client starts in about the time CPython does "
+    "nothing; the 'with' row is the same engine on another interpreter (a distribution's python3, its "
+    "extension modules built in, no shared libpython to relocate).",
 ]
 
 
-def goals(targets: list[Target]) -> list[str]:
+def goals(targets: list[Target], cfg: Config) -> list[str]:
     out = []
 
     def line(ok: bool, text: str) -> None:
@@ -547,9 +584,14 @@ def goals(targets: list[Target]) -> list[str]:
             out.append(f"- {t.label}: no hostlock rows (the installed hostlock has no fleet locks yet)")
             continue
         if "h_run" in r:
+            extra = ""
+            if "h_run_before" in r:
+                extra += f" (before: {r['h_run_before']:.1f} ms = {r['h_run_before'] / r['ctl_lock']:.2f}x)"
+            if "h_run_python" in r:
+                extra += f"; with {cfg.python}: {r['h_run_python']:.1f} ms = {r['h_run_python'] / r['ctl_lock']:.2f}x"
             line(r["h_run"] <= r["ctl_lock"],
                  f"{t.label}: `hostlock run --fleet URL NAME true` <= 1.0x `etcdctl lock NAME true` "
-                 f"({r['ctl_lock']:.1f} ms): {r['h_run']:.1f} ms = {r['h_run'] / r['ctl_lock']:.2f}x")
+                 f"({r['ctl_lock']:.1f} ms): {r['h_run']:.1f} ms = {r['h_run'] / r['ctl_lock']:.2f}x{extra}")
         handoff_goal = 2 * r["txn"] + r["watch"]
         line(r["h_handoff"] <= handoff_goal,
              f"{t.label}: handoff median <= 2x txn round trip + watch notification ({handoff_goal:.2f} ms): "
@@ -616,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["single", "cluster"], help="one etcd layout only")
     parser.add_argument("--procs", type=int, default=4, help="contending processes")
     parser.add_argument("--docs", type=Path, help='write the table into this file\'s "## Fleet" section')
+    parser.add_argument("--before", metavar="REV", help="also run the command on the engine of commit REV")
+    parser.add_argument("--also-python", metavar="PYTHON", help="also run the command with this interpreter")
     args = parser.parse_args(argv)
     if not fleet_etcd.have_etcd():
         print("bench-fleet: etcd/etcdctl not installed (make bench-fleet installs them)", file=sys.stderr)
@@ -631,6 +675,13 @@ def main(argv: list[str] | None = None) -> int:
     load_before = loadavg()
     targets: list[Target] = []
     with tempfile.TemporaryDirectory(prefix="hostlock-bench-fleet-") as top:
+        if args.before:
+            cfg.before, cfg.before_lib = args.before, engine_at(args.before, top)
+        if args.also_python:
+            version = subprocess.run([args.also_python, "-I", "-S", "-c", "import platform; print(platform."
+                                      "python_version())"], capture_output=True, text=True, check=True).stdout
+            cfg.python = "%s (%s)" % (args.also_python, version.strip())
+            cfg.python_path = args.also_python
         if args.only in (None, "single"):
             d = os.path.join(top, "single")
             os.mkdir(d)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "plugins" / "module_utils" / "hostlock"
 PREFIX = "ansible_collections.hostlock.core.plugins.module_utils.hostlock"
 
-# What each part may import (besides itself). The policy (api) reaches fleet/ only by name (importlib).
+# What each part may import (besides itself). The policy (api) reaches fleet/ only by name (__import__).
 ALLOWED = {
     "core": {"core"},
     "host": {"core", "host"},

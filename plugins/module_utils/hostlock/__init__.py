@@ -27,10 +27,29 @@ from .core.errors import (
 from .core.model import STATUS_SCHEMA, LockStatus
 from .core.names import MAX_DURATION, parse_duration, validate_name
 from .core.owner import Holder
-from .core.tokens import token_id as _token_id
-from .host.directory import SYSTEM_DIRECTORY, default_directory
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from .host.directory import SYSTEM_DIRECTORY, default_directory
 
 __version__ = "0.1.0"
+_HOST_NAMES = ("SYSTEM_DIRECTORY", "default_directory")
+
+
+def __getattr__(name: str) -> object:
+    """SYSTEM_DIRECTORY and default_directory come from host/ on first use (PEP 562): importing the package
+    (as `hostlock run --fleet` does, for hostlock.cli) loads no host mechanism."""
+    if name in _HOST_NAMES:
+        from .host import directory
+
+        value = getattr(directory, name)
+        globals()[name] = value
+        return value
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_HOST_NAMES))
 
 
 def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, label: str | None = None,
@@ -74,6 +93,7 @@ def release(name: str, token: str, directory: str | None = None, *, fleet: str |
 
 def prune_unused(older_than: float, directory: str | None = None, dry_run: bool = False) -> list:
     """Remove lock files nobody holds or waits for and nobody used for `older_than` seconds (host.gc)."""
+    from .host.directory import default_directory
     from .host.gc import collect
 
     return collect(directory or default_directory(), older_than, dry_run)
@@ -81,6 +101,8 @@ def prune_unused(older_than: float, directory: str | None = None, dry_run: bool 
 
 def token_id(token: str) -> str:
     """The public id of a lease token (what status shows); TokenError if it is malformed."""
+    from .core.tokens import token_id as _token_id  # leases only: importing hostlock does not load it
+
     return _token_id(token)
 
 

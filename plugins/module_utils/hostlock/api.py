@@ -14,20 +14,12 @@ import time
 from _weakref import ref
 
 from .core.errors import HostlockError, LockFileError, LockLost, LockTimeout, MechanismError
-from .core.model import MODES, LockStatus
-from .core.names import check_duration, validate_name
+from .core.model import MECHANISM_CHOICES, MODES, LockStatus
+from .core.names import MAX_SLOTS, check_duration, validate_name
 from .core.owner import Holder, _Self, build_record, parse_record, record_prefix
-from .host import kernel as _kernel
-from .host.directory import (
-    MECHANISM_CHOICES,
-    default_directory,
-    directory_mechanism,
-    open_directory,
-    open_lock_file,
-    read_marker,
-)
-from .host.lockers import KERNEL as _KERNEL
-from .host.lockers import locker
+
+# The host mechanisms (host/) are imported where a host lock needs them, not here: a process that takes only
+# fleet locks (`hostlock run --fleet`, the controller's plugins) never loads them (about 2 ms of its start).
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,9 +59,36 @@ def fleet_backend(fleet: str) -> Backend:
     statement (those inside functions too) into a module's payload, and fleet code never runs on a managed
     host. tests/unit/test_layout.py keeps every other arrow into fleet/ out of what a host imports.
     """
-    import importlib
+    # __import__, not importlib.import_module: `import importlib` loads `warnings` too, on every fleet start.
+    return __import__(_FLEET, None, None, ("backend",), 0).backend(fleet)
 
-    return importlib.import_module(_FLEET).backend(fleet)
+
+class _Once:
+    """A Lock.acquire's `meanwhile`, run at most once. Run by a locker (`overlapped`), from inside its I/O, an
+    Exception is kept for acquire to raise once the lock is released again: in a client's network code it
+    would pass for a failure of the network (an OSError of a fork, say)."""
+
+    __slots__ = ("fn", "error")
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn: Callable[[], object] | None = fn
+        self.error: Exception | None = None
+
+    def overlapped(self) -> None:
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - raised by run(), outside the locker
+                self.error = e
+
+    def run(self) -> None:
+        """Run it now if no locker did; raise what it raised."""
+        fn, self.fn = self.fn, None
+        if fn is not None:
+            fn()
+        if self.error is not None:
+            raise self.error
 
 
 def _track(lock: Lock) -> None:
@@ -88,8 +107,8 @@ class Lock:
         self.name = validate_name(name)
         if mode not in MODES:
             raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
-        if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= _kernel.MAX_SLOTS:
-            raise ValueError("slots must be a whole number from 1 to %d, not %r" % (_kernel.MAX_SLOTS, slots))
+        if not isinstance(slots, int) or isinstance(slots, bool) or not 1 <= slots <= MAX_SLOTS:
+            raise ValueError("slots must be a whole number from 1 to %d, not %r" % (MAX_SLOTS, slots))
         if slots > 1 and mode != "exclusive":
             raise ValueError("a semaphore (slots > 1) takes its slots exclusively: use mode='exclusive'")
         if mechanism not in MECHANISM_CHOICES:
@@ -118,6 +137,10 @@ class Lock:
             self.path = self._locker.path
             _track(self)
             return
+        from .host import kernel as _kernel
+        from .host.directory import default_directory, directory_mechanism, open_directory
+        from .host.lockers import locker
+
         self.directory = os.path.abspath(directory or default_directory())
         dirfd, shared_dir = open_directory(self.directory)
         try:
@@ -137,19 +160,39 @@ class Lock:
         """True while this object (in this process) holds the lock."""
         return self._held is not None
 
-    def acquire(self, timeout: float | None = None) -> Lock:
-        """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread."""
+    def acquire(self, timeout: float | None = None, meanwhile: Callable[[], object] | None = None) -> Lock:
+        """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread.
+
+        `meanwhile()`, if given, has run once when this returns: a fleet lock runs it while its first request
+        is on its way to etcd, so work that needs no lock yet overlaps the round trip instead of following it
+        (`hostlock run --fleet` forks its job there, held at its gate); a host lock first. What it tells
+        update_record() is in the record the lock is taken with. If it raises, acquire raises that, the lock
+        not held; if the lock is not taken, it may have run or not.
+        """
         if timeout is not None:
             timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
+        once = _Once(meanwhile) if meanwhile is not None else None
         me = _thread.get_ident()
         if self._held is not None and self._thread == me:
+            if once is not None:
+                once.run()
             self._count += 1
             return self
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._mutex.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic())):
             raise self._timeout(timeout)
         try:
-            held = self._acquire(deadline)
+            held = self._acquire(deadline, once)
+            if held is not None and once is not None:
+                try:
+                    if once.fn is not None:  # the fleet lock's lease was there already: no grant to overlap
+                        once.run()
+                        if self._prefix_pid == -1:  # it changed the record
+                            self._write_record(held)
+                    once.run()  # raises what it raised inside the locker
+                except BaseException:
+                    self._locker.release(held)
+                    raise
         except BaseException:
             self._mutex.release()
             raise
@@ -254,12 +297,15 @@ class Lock:
         self._mutex = _thread.allocate_lock()
         self._locker.forget(held)
 
-    def _acquire(self, deadline: float | None) -> Held | None:
+    def _acquire(self, deadline: float | None, once: _Once | None = None) -> Held | None:
         # Know our identity before any wait: a woken waiter must not spend its first moments
         # reading /proc (a fresh process has not computed it yet). The record is then built from the
         # prefix as it is now, without asking the pid again inside the critical section.
+        if once is not None and self.fleet is None:
+            once.run()  # a host lock takes no round trip to overlap it with: first, so the record has it
         self._refresh_prefix()
-        return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record)
+        return self._locker.acquire(self.mode, self.fifo, deadline, self._built_record,
+                                    None if once is None else once.overlapped)
 
     def _refresh_prefix(self) -> None:
         if self._prefix_pid != _Self.get().pid:
@@ -267,7 +313,10 @@ class Lock:
             self._prefix_pid = _Self.pid
 
     def _built_record(self, slot: int | None, ticket: int | None = None) -> bytes:
-        """The record from the prefix _acquire has just refreshed (same process: no fork in between)."""
+        """The record from the prefix _acquire has just refreshed (same process: no fork in between), or
+        rebuilt from the identity already known if update_record() changed it since (in `meanwhile`)."""
+        if self._prefix_pid == -1:
+            self._refresh_prefix()
         return build_record(self._prefix, slot, ticket)
 
     def _write_record(self, held: Held) -> None:
@@ -314,6 +363,8 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
     validate_name(name)
     if fleet:
         return fleet_backend(fleet).status(name)
+    from .host.directory import default_directory, open_directory, read_marker
+
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
@@ -325,6 +376,9 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
 
 
 def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
+    from .host.directory import open_lock_file
+    from .host.lockers import KERNEL as _KERNEL
+
     if mechanism == "record":
         slots, entries = _record_mechanism().inspect(dirfd, name)
         holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl) for f, m, s, _n, fi, pl in entries]
@@ -381,6 +435,8 @@ def list_locks(directory: str | None = None, *, fleet: str | None = None) -> lis
     """Every lock in a directory that has a file (in a fleet: that has a key), held or not, sorted by name."""
     if fleet:
         return fleet_backend(fleet).list_locks()
+    from .host.directory import default_directory, open_directory, read_marker
+
     directory = os.path.abspath(directory or default_directory())
     if not os.path.lexists(directory):
         return []
@@ -457,6 +513,8 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
 
 
 def _remove_dead_records(directory: str, name: str) -> list:
+    from .host.directory import open_directory
+
     dirfd = open_directory(directory)[0]
     try:
         return _record_mechanism().remove_stale(dirfd, directory, name, _shared(dirfd))
@@ -472,6 +530,7 @@ def _remove_corrupt(directory: str, name: str, mechanism: str) -> None:
     """
     import fcntl
 
+    from .host.directory import open_directory, open_lock_file
     from .host.kernel import CONTENTION, F_OFD_SETLK, WHOLE_FILE
 
     dirfd = open_directory(directory)[0]

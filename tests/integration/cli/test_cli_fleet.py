@@ -7,13 +7,16 @@ never on a sleep being long enough; nothing asserts on timings.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import select
 import signal
 import socket
+import subprocess
 
 import pytest
-from cli_support import pid_alive, wait_file, wait_until
+from cli_support import PYTHON, pid_alive, wait_file, wait_until
 
 HOST = os.uname().nodename
 
@@ -113,6 +116,82 @@ def test_the_job_gets_an_increasing_fence_and_the_fleet(cli, etcd):
     r = cli.run("run", "--fleet", "", "deploy", "-c", 'echo "fence=${HOSTLOCK_FENCE-none}"', env=env)
     assert (r.returncode, r.stdout) == (0, "fence=none\n")
     assert (cli.tmp / "dir-a" / "deploy.lock").exists()
+
+
+def test_the_job_is_named_in_the_record_the_lock_is_taken_with(cli, etcd):
+    """The job's process is forked while etcd grants the lease and its pid goes into the queue transaction's
+    record: the key is written once (version 1), naming the job, with no rewrite after the job started."""
+    script, started, go = gated(cli, "a", "echo $$ > %s;" % (cli.tmp / "job-pid"))
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    job = int((cli.tmp / "job-pid").read_text())
+    r = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "-w", "json")
+    assert r.returncode == 0, r.stderr
+    [kv] = json.loads(r.stdout)["kvs"]
+    assert kv["version"] == 1 and b"|jpid=%d|" % job in base64.b64decode(kv["value"])
+    assert [h["job_pid"] for h in status(cli, etcd.url, "deploy")["locks"][0]["holders"]] == [job]
+    go.write_text("")
+    assert a.wait(timeout=60) == 0, a.stderr.read()
+
+
+def _processes_with(word):
+    """Pids of the processes whose command line holds `word` (ours excluded)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid():
+            try:
+                with open("/proc/%s/cmdline" % name, "rb") as f:
+                    if word.encode() in f.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def _wait_gone(pids, within=60):
+    """Wait for each pid to exit (its pidfd becomes readable): an event, bounded only against a hang."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            assert select.select([fd], [], [], within)[0], "pid %d still running" % pid
+        finally:
+            os.close(fd)
+
+
+def test_a_run_refused_the_lock_never_runs_its_job_and_leaves_no_process(cli, etcd):
+    """The job's process and its watcher are forked before the lock is held: a run that does not get it
+    (here -n on a held lock) sends them away, the job never runs, and nothing of that run is left."""
+    script, started, go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    marker = cli.tmp / "the-refused-job-ran"
+    r = cli.run("run", "--fleet", etcd.url, "-n", "deploy", "-c", "touch %s" % marker, env=controller(cli, "b"))
+    assert r.returncode == 75, r.stderr
+    _wait_gone(_processes_with(str(marker)))  # its watcher leaves on its own once told; the job's process
+    assert _processes_with(str(marker)) == []  # was reaped before the run exited
+    assert not marker.exists()
+    assert status(cli, etcd.url, "deploy")["locks"][0]["waiters"] == 0
+    go.write_text("")
+    assert a.wait(timeout=60) == 0
+
+
+def test_run_fleet_loads_no_host_mechanism_and_no_heavy_module(cli, etcd):
+    """What `hostlock run --fleet` imports, from the command's own -X importtime (its forked processes
+    included): the fleet engine, never the host mechanisms or lease code (issue 25), nor the standard
+    library's heavier modules (socket, json, re, importlib and warnings, math, threading, ctypes...)."""
+    r = subprocess.run([PYTHON, "-I", "-S", "-X", "importtime", cli.launcher, "run", "--fleet", etcd.url,
+                        "imports", "true"], capture_output=True, text=True, env=controller(cli, "a"), timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    loaded = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert {"hostlock.api", "hostlock.fleet.lock", "hostlock.cli.supervise"} <= loaded  # it does see them
+    heavy = {"hostlock.lease", "hostlock.core.tokens", "socket", "json", "re", "base64", "enum", "ssl", "email",
+             "http.client", "urllib.parse", "argparse", "importlib", "warnings", "math", "threading", "typing",
+             "ctypes", "subprocess", "signal", "psutil", "fcntl", "struct"}
+    assert sorted(m for m in loaded if m in heavy or m.startswith("hostlock.host")) == []
 
 
 def test_a_revoked_lock_stops_the_job_and_exits_79(cli, etcd):

@@ -87,6 +87,84 @@ def test_exclusive_excludes_and_the_fence_strictly_increases(etcd):
     assert keys(etcd) == []
 
 
+def _versions(etcd, prefix: str = "hostlock/") -> list:
+    """(version, value) of every key under `prefix`: version 1 is a key written once, never rewritten."""
+    import json
+
+    r = etcd.etcdctl("get", "--prefix", prefix, "-w", "json")
+    assert r.returncode == 0, r.stderr
+    import base64
+
+    return [(kv["version"], base64.b64decode(kv["value"])) for kv in json.loads(r.stdout).get("kvs", [])]
+
+
+def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_first_record(etcd, monkeypatch):
+    """Lock.acquire(meanwhile=...) on a fleet lock: run once, after the lease's grant was sent and before its
+    answer is read (where `hostlock run --fleet` forks its job); the queue transaction that follows writes
+    what it told update_record(): the key is written once (version 1), naming the job."""
+    from hostlock.fleet import etcd as _etcd
+
+    lock = hostlock.Lock("mw", fleet=etcd.url)
+    sent = []
+    real = _etcd._Conn.exchange
+
+    def exchange(conn, request, timeout, meanwhile=None):
+        sent.append(request.split(b" ", 2)[1].decode())
+        return real(conn, request, timeout, meanwhile)
+
+    monkeypatch.setattr(_etcd._Conn, "exchange", exchange)
+    seen = []
+
+    def meanwhile():
+        seen.append(list(sent))
+        lock.update_record(job_pid=12345, job_cmdline="backup --all")
+
+    lock.acquire(meanwhile=meanwhile)
+    try:
+        assert seen == [["/v3/lease/grant"]]  # once: the grant was sent, the queue transaction was not
+        [(version, value)] = _versions(etcd)
+        assert version == 1 and b"|jpid=12345|" in value and b"|jcmd=backup --all" in value
+        assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [12345]
+    finally:
+        lock.release()
+    assert keys(etcd) == []
+
+
+def test_meanwhile_without_a_grant_to_overlap_still_runs_once_and_names_itself(etcd):
+    """The process's lease is there already (another lock holds it): no grant, so acquire runs meanwhile once
+    the key is queued and rewrites the record with what it said."""
+    first = hostlock.Lock("first", fleet=etcd.url).acquire()
+    lock = hostlock.Lock("mw", fleet=etcd.url)
+    ran = []
+
+    def meanwhile():
+        ran.append(lock.locked)
+        lock.update_record(job_pid=54321)
+
+    lock.acquire(meanwhile=meanwhile)
+    try:
+        assert ran == [False]
+        assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [54321]
+    finally:
+        lock.release()
+        first.release()
+    assert keys(etcd) == []
+
+
+def test_what_meanwhile_raises_acquire_raises_and_no_key_is_left(etcd):
+    lock = hostlock.Lock("mw", fleet=etcd.url)
+
+    def boom():
+        raise OSError(11, "cannot fork")  # an OSError inside the client's I/O: never taken for etcd's
+
+    with pytest.raises(OSError, match="cannot fork"):
+        lock.acquire(meanwhile=boom)
+    assert not lock.locked and keys(etcd) == []
+    other = hostlock.Lock("mw", fleet=etcd.url)
+    other.acquire(timeout=0)  # free at once: nothing of the failed acquire holds it
+    other.release()
+
+
 def test_timeout_leaves_no_key_behind(etcd):
     holder = hostlock.Lock("db", fleet=etcd.url)
     holder.acquire()

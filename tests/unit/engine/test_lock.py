@@ -160,6 +160,39 @@ def test_update_record_names_the_job(mechdir):
     assert hostlock.holders("job", mechdir) == []
 
 
+def test_meanwhile_runs_once_and_its_record_change_is_in_the_first_record(mechdir):
+    """Lock.acquire(meanwhile=...): run once before acquire returns (host locks have no round trip to overlap
+    it with); what it tells update_record() is in the record the lock is taken with."""
+    a = hostlock.Lock("mw", directory=mechdir)
+    ran = []
+
+    def meanwhile():
+        ran.append(a.locked)
+        a.update_record(job_pid=os.getpid(), job_cmdline="backup")
+
+    a.acquire(meanwhile=meanwhile)
+    assert ran == [False]
+    assert hostlock.holders("mw", mechdir)[0].job_pid == os.getpid()
+    a.acquire(meanwhile=lambda: ran.append("again"))  # re-entrant: it still runs, once
+    assert ran == [False, "again"]
+    a.release()
+    a.release()
+    assert not a.locked
+
+
+def test_what_meanwhile_raises_acquire_raises_with_the_lock_free(mechdir):
+    a = hostlock.Lock("mw", directory=mechdir)
+
+    def boom():
+        raise OSError(12, "no memory to fork")
+
+    with pytest.raises(OSError, match="no memory"):
+        a.acquire(meanwhile=boom)
+    assert not a.locked
+    hostlock.Lock("mw", directory=mechdir).acquire(timeout=0).release()  # nobody holds it
+    a.acquire(timeout=0).release()  # and the object is usable again
+
+
 def test_list_locks(mechdir):
     a = hostlock.Lock("one", directory=mechdir).acquire()
     hostlock.Lock("two", directory=mechdir).acquire().release()

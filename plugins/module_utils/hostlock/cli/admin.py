@@ -26,7 +26,7 @@ from .. import (
     status,
     token_id,
 )
-from ..host.directory import MECHANISM_CHOICES
+from ..core.model import MECHANISM_CHOICES
 from . import common as c
 
 TYPE_CHECKING = False

@@ -177,8 +177,7 @@ def duration_arg(value: str, option: str) -> float:
 
 def count_arg(value: str, option: str) -> int:
     """Parse a slot count: a whole number from 1 to the engine's MAX_SLOTS (a bad value is usage, exit 64)."""
-    from ..core.names import parse_count
-    from ..host.kernel import MAX_SLOTS
+    from ..core.names import MAX_SLOTS, parse_count
 
     try:
         return parse_count(value, "count", MAX_SLOTS)

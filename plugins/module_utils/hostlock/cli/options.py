@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..host.directory import MECHANISM_CHOICES
+from ..core.model import MECHANISM_CHOICES
 from . import common as c
 from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
@@ -347,7 +347,7 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
         from ..host.pathlock import PathLock
 
         return PathLock(o.path, mode=o.mode, ofd=o.mechanism == "ofd")
-    from .. import Lock
+    from ..api import Lock
 
     if o.name is None:  # the parser sets a name whenever --path is absent
         raise c.UsageError("missing lock NAME")
@@ -360,18 +360,29 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
 
 
 def job_of(o: Options, lock: RunLock, out_fd: int | None = None) -> Job:
-    """The supervisor's job spec from the options and the held lock (decides the process group now).
+    """The supervisor's job spec from the options and the lock (decides the process group now).
 
     A fleet lock has no descriptor for the watcher to keep: the job gets the lock's fence and fleet in
     its environment, is stopped (abort) the moment the engine knows the lock is lost, and the watcher
-    kills it when the lease's deadline passes while hostlock is stopped (valid_until).
+    kills it when the lease's deadline passes while hostlock is stopped (valid_until). Made before a fleet
+    lock is held (run forks the job's process while etcd answers), it lacks the fence: see fence_env().
     """
     fleet = o.fleet is not None
-    return Job(o.command, env={"HOSTLOCK_FENCE": str(lock.fence), c.FLEET_ENV: o.fleet or ""} if fleet else None,
+    env = None
+    if fleet:
+        env = {c.FLEET_ENV: o.fleet or ""}
+        if lock.fence is not None:  # not yet held (run's early start): fence_env() is given as the job execs
+            env.update(fence_env(lock))
+    return Job(o.command, env=env,
                new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout, kill_after=o.kill_after,
                verbose=o.verbose, lock_fds=lock.descriptors(),
                abort=(lambda: lock.lost) if fleet else None,  # read at each wake-up of the supervisor
                valid_until=(lambda: lock.valid_until) if fleet else None)  # passed on to the watcher as it moves
+
+
+def fence_env(lock: RunLock) -> dict[str, str]:
+    """HOSTLOCK_FENCE for the job of a held fleet lock: its fencing token (docs/fleet.md)."""
+    return {"HOSTLOCK_FENCE": str(lock.fence)}
 
 
 def where(lock: RunLock) -> str:
@@ -395,7 +406,7 @@ def recorder(lock: RunLock, o: Options) -> Callable[[int], None]:
 def lost_text(o: Options, lock: RunLock, job: str | None) -> str:
     """"lost lock 'NAME' in URL: <why>; fence 12; job stopped, exit status 5 after 2s": the engine's reason,
     the fence the job was given, and what became of the job."""
-    from .. import LockLost
+    from ..core.errors import LockLost
 
     if lock.lost:
         why = "lost lock %r in %s: its etcd lease ended" % (o.name, where(lock))

@@ -10,11 +10,13 @@ import _signal
 import time
 
 from . import common as c
-from .options import RUN_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
-from .supervise import Signalled, die_like, supervise, trap_wait_signals, untrap, waker
+from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
+from .supervise import Signalled, Started, die_like, start, supervise, trap_wait_signals, untrap, waker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
+
     from .options import RunLock
 
 
@@ -31,19 +33,33 @@ def main_run(args: list[str]) -> int:
     if o.help:
         c.write_out(RUN_HELP)
         return 0
-    from .. import LockTimeout
+    early: list[Started] = []  # the job's process, when forked before the lock is held (a fleet lock)
+    try:
+        return _run(o, early)
+    finally:
+        for job in early:
+            job.cancel()  # the lock was not taken (or the job could not start): it never runs
 
-    trapped = trap_wait_signals() if o.fleet is not None else None
+
+def _run(o: Options, early: list[Started]) -> int:
+    from ..api import Lock
+    from ..core.errors import LockTimeout
+
+    fleet = o.fleet is not None
+    trapped = trap_wait_signals() if fleet else None
     lock = None
     try:
         try:
             # A fleet lock's keep-alive thread wakes the supervisor when the lock is lost: armed before the
             # lock (and so the thread) exists.
-            lock = make_lock(o, waker() if o.fleet is not None else None)
+            lock = make_lock(o, waker() if fleet else None)
             if o.verbose:
                 c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, where(lock)))
             t0 = time.monotonic()
-            lock.acquire(timeout=o.wait)
+            if fleet and isinstance(lock, Lock):  # a fleet lock is never --path's PathLock
+                lock.acquire(timeout=o.wait, meanwhile=_early_start(o, lock, early))
+            else:
+                lock.acquire(timeout=o.wait)
         finally:
             untrap(trapped)  # from here on a signal is the job's (supervise forwards it)
     except Signalled as sig:
@@ -61,16 +77,19 @@ def main_run(args: list[str]) -> int:
         if o.verbose:
             c.say("got %s lock %s (%s%s) after %s" % (
                 _mode_text(o), o.name, lock.mechanism,
-                ", fence %s" % lock.fence if o.fleet is not None else "", c.format_span(time.monotonic() - t0)))
-        if o.fleet is not None and lock.lost:  # lost before the job could start: never start it unlocked
+                ", fence %s" % lock.fence if fleet else "", c.format_span(time.monotonic() - t0)))
+        if fleet and lock.lost:  # lost before the job could start: never start it unlocked
             c.say(lost_text(o, lock, None))
             return c.EX_LOST
         try:
-            outcome = supervise(job_of(o, lock), recorder(lock, o))
+            if early:
+                outcome = supervise(early[0].job, started=early[0], env=fence_env(lock))
+            else:
+                outcome = supervise(job_of(o, lock), recorder(lock, o))
         except OSError as exc:
             c.say("cannot start the job: %s" % c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
-        lost = o.fleet is not None and (outcome.aborted or lock.lost)
+        lost = fleet and (outcome.aborted or lock.lost)
         if lost:
             c.say(lost_text(o, lock, outcome.describe()))
         elif o.verbose:
@@ -82,9 +101,26 @@ def main_run(args: list[str]) -> int:
             if o.verbose:
                 c.say("release: %s" % c.describe_error(exc))
     if lost:
-        return c.EX_LOST  # whatever the job's own status: its work may have overlapped another holder's
+        return c.EX_LOST  # whatever the job's status: its work may have overlapped another holder's
     die_like(outcome)
     return outcome.exit_code()
+
+
+def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], None]:
+    """What a fleet lock's acquire does while etcd grants its lease: fork the job's process (held at its gate)
+    and watcher, and name the job in the record the lock is taken with. If that fails, the job is started
+    the usual way once the lock is held (and that failure is reported)."""
+
+    def meanwhile() -> None:
+        try:
+            start(job_of(o, lock), early)
+        except OSError as exc:
+            if o.verbose:
+                c.say("cannot fork the job yet (%s): trying again once the lock is held" % c.describe_error(exc))
+            return
+        recorder(lock, o)(early[0].pid)
+
+    return meanwhile
 
 
 def signalled_while_waiting(lock: RunLock | None, sig: Signalled) -> int:

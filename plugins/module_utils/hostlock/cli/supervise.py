@@ -190,7 +190,8 @@ def _prctl() -> Callable[..., int] | None:
 
 def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int] | None, gate: int,
                 watched: bool) -> None:
-    """In the forked child: tie the job to hostlock's life, restore signal state, exec. Never returns."""
+    """In the forked child: tie the job to hostlock's life, wait at the gate, restore signal state, exec.
+    Never returns."""
     argv = job.argv
     out_fd = job.out_fd
     code = c.EX_OSERR
@@ -204,29 +205,44 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
         if os.getppid() != parent:
             # hostlock died between fork and prctl: the lock is gone, the job must not start unlocked.
             os._exit(c.EX_OSERR)
-        # Wait until hostlock has told the watcher our pid: EOF means hostlock died first, so never exec.
-        while True:
-            try:
-                opened = os.read(gate, 1)
-                break
-            except InterruptedError:
-                continue
-        if not opened:
-            os._exit(c.EX_OSERR)
-        os.close(gate)
-        if out_fd is not None:
-            os.dup2(out_fd, 1)
-            os.dup2(out_fd, 2)
-        # Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as subprocess
-        # restores them). A SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
+        # What the exec needs but the gate's news, made before waiting at it (a fleet lock's job waits there
+        # for etcd): every object touched copies one of hostlock's pages, better before the lock is held than
+        # after. Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as
+        # subprocess restores them); a SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
+        # (All three are blocked until the exec: nothing changes for us meanwhile.)
+        environ = {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+        for k, v in (job.env or {}).items():
+            environ[os.fsencode(k)] = os.fsencode(v)
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
             _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         if job.abort is not None and not _wake_was_blocked:
             mask = mask - {WAKE}  # blocked by waker() for us, not the job
+        # Wait until hostlock has told the watcher our pid and holds the lock: it writes what to add to our
+        # environment and "g", then closes its end. EOF without "g" (hostlock died first, or gave the job up
+        # because the lock was not taken): never exec.
+        message = b""
+        while True:
+            try:
+                chunk = os.read(gate, 4096)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            message += chunk
+        if not (message == b"g" or message.endswith(b"\0g")):
+            os._exit(c.EX_OSERR)
+        os.close(gate)
+        for item in message[:-1].split(b"\0"):
+            if item:
+                key, _eq, value = item.partition(b"=")
+                environ[key] = value
+        if out_fd is not None:
+            os.dup2(out_fd, 1)
+            os.dup2(out_fd, 2)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
-        execvp(argv, job.env)
+        execvp(argv, environ=environ)
     except OSError as exc:
         c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
         code = c.EX_OSERR if exc.errno == _errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
@@ -236,17 +252,20 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
         os._exit(code)
 
 
-def execvp(argv: list[str], env: dict[str, str] | None = None) -> None:
-    """execvp(3), with `env` added to our environment: search PATH like the shell (the job's own PATH).
+def execvp(argv: list[str], env: dict[str, str] | None = None, *,
+           environ: Mapping[bytes, bytes] | None = None) -> None:
+    """execvp(3), with `env` added to our environment (or exactly `environ`, made already as bytes: not
+    encoded again for each directory tried): search PATH like the shell (the job's own PATH).
 
     os.execvp would import `warnings` (~1 ms) on every run.
     """
     file = argv[0]
-    environ: Mapping[str, str] = {**os.environ, **env} if env else os.environ
+    if environ is None:
+        environ = {os.fsencode(k): os.fsencode(v) for k, v in ({**os.environ, **env} if env else os.environ).items()}
     if "/" in file:
         os.execve(file, argv, environ)
-    path = environ.get("PATH")
-    dirs = (path if path is not None else os.defpath).split(":")
+    path = environ.get(b"PATH")
+    dirs = (os.fsdecode(path) if path is not None else os.defpath).split(":")
     first: OSError | None = None
     for d in dirs:
         try:
@@ -441,21 +460,65 @@ def _signame(sig: int) -> str:
     return "SIG%d" % sig
 
 
-def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcome:
-    """Fork and exec the job, forward signals, enforce its time limit, reap it.
+class Started:
+    """A job's process, forked and held at its gate until supervise() lets it exec (or cancel() sends it away);
+    its watcher, if any, knows its pid already. See start()."""
 
-    `on_start(pid)` runs once the job is forked (e.g. to record its pid in the owner record). The caller
-    holds the lock throughout.
+    __slots__ = ("job", "pid", "gate", "watcher")
+
+    def __init__(self, job: Job, pid: int, gate: int, watcher: int) -> None:
+        self.job = job  # as the process will run it (tagged for its watcher)
+        self.pid = pid
+        self.gate = gate  # our end of its gate; -1 once opened or closed
+        self.watcher = watcher  # our end of the watcher's pipe, -1 without one (or once supervise took it)
+
+    def cancel(self) -> None:
+        """The job must not run (the lock was not taken): its process exits without exec'ing, its watcher with
+        nothing to do; reaped here. Nothing once supervise() has opened the gate."""
+        if self.gate < 0:
+            return
+        if self.watcher >= 0:
+            try:
+                os.write(self.watcher, b"x")
+            except OSError:
+                pass
+            os.close(self.watcher)
+            self.watcher = -1
+        os.close(self.gate)  # EOF without "g": the process leaves (see _exec_child)
+        self.gate = -1
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def start(job: Job, keep: list[Started]) -> None:
+    """Fork the job's watcher and process now, the process held at its gate, and append it to `keep` (before
+    any signal can interrupt us); supervise(job, started=...) runs it, Started.cancel() sends it away.
+
+    For a lock that takes round trips to a server (a fleet lock): forked while the lease's grant is on its
+    way to etcd (Lock.acquire's `meanwhile`), the forks cost no time of their own, and the job's pid goes
+    into the owner record the lock is taken with (no second write). The job never runs before the gate
+    opens, and never if we die first. Only for jobs without lock descriptors: a host lock's watcher must be
+    forked once the lock is held, with duplicates of them (supervise() does both then).
     """
-    argv = job.argv
-    new_group = job.new_group
-    verbose = job.verbose
-    prctl = _prctl()
-    if prctl is None and verbose:
+    if job.lock_fds:
+        raise ValueError("start(): a job with lock descriptors is started by supervise(), once the lock is held")
+    prctl = _prctl()  # here, not in the forked process: there its import would copy half our memory
+    if prctl is None and job.verbose:
         c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
+    old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)  # the processes are forked with them blocked
+    try:
+        keep.append(_fork_job(job, old_mask, prctl))
+    finally:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+
+
+def _fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Started:
+    """Fork the watcher (if job.watch) and the job's process, told the job's pid; `mask` is the signal mask the
+    job is exec'd with. Called with _WAITED blocked: neither child may die of a signal meant for the job (the
+    watcher keeps them blocked)."""
     parent = os.getpid()
-    old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
-    started = time.monotonic()
     watcher = -1
     gate_r = gate_w = -1
     tag = ""
@@ -468,28 +531,68 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
                 tag = "%d.%d" % (parent, time.monotonic_ns())
                 job = job.tagged(tag)
         except OSError as exc:
-            if verbose:
+            if job.verbose:
                 c.say("no watcher process (%s): if hostlock is killed only the job's first process dies"
                       % exc.strerror)
+        # After the watcher's fork: it never holds the gate's write end, whose close (with or without "g")
+        # is what the job's process waits for.
         gate_r, gate_w = os.pipe()
         pid = os.fork()
     except OSError:
         for fd in (watcher, gate_r, gate_w):
             if fd >= 0:
                 os.close(fd)
-        _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
         raise
     if pid == 0:
         os.close(gate_w)
         if watcher >= 0:
             os.close(watcher)  # only hostlock's death may close the watcher's pipe
-        _exec_child(job, parent, old_mask, prctl, gate_r, watcher >= 0)
+        _exec_child(job, parent, mask, prctl, gate_r, watcher >= 0)
     os.close(gate_r)
-    if new_group:
+    if job.new_group:
         try:
             os.setpgid(pid, pid)  # also here: no window where a forwarded signal misses the new group
         except OSError:
             pass  # EACCES: the child already exec'd, after its own setpgid
+    if watcher >= 0:
+        try:
+            os.write(watcher, ("%d %d %s\n" % (pid, job.new_group, tag)).encode())
+        except OSError:
+            pass
+    return Started(job, pid, gate_w, watcher)
+
+
+def _gate_message(env: Mapping[str, str] | None) -> bytes:
+    """What opens the gate: NAME=VALUE entries the job gets in its environment (each ended by NUL), then "g"."""
+    return b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in (env or {}).items()) + b"g"
+
+
+def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: Started | None = None,
+              env: Mapping[str, str] | None = None) -> Outcome:
+    """Fork and exec the job (or let the process start() forked exec), forward signals, enforce its time
+    limit, reap it.
+
+    `on_start(pid)` runs once the job is forked (e.g. to record its pid in the owner record). `env` is added
+    to the job's environment as its process execs (what was not known when start() forked it: a fleet
+    lock's fence). The caller holds the lock throughout.
+    """
+    old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
+    if started is None:
+        prctl = _prctl()
+        if prctl is None and job.verbose:
+            c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
+        try:
+            started = _fork_job(job, old_mask, prctl)
+        except OSError:
+            _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
+            raise
+    job = started.job
+    argv = job.argv
+    new_group = job.new_group
+    verbose = job.verbose
+    pid = started.pid
+    watcher, started.watcher = started.watcher, -1  # closed by this function's end, whatever happens
+    gate_w, started.gate = started.gate, -1
     valid_until = job.valid_until if watcher >= 0 else None
     told = None  # the deadline the watcher knows
 
@@ -509,17 +612,13 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
         # Well before the deadline the watcher knows: a renewal moves it every TTL/4 or so.
         return time.monotonic() + min(1.0, max(0.05, (until - _boottime()) / 4))
 
-    if watcher >= 0:
-        try:
-            os.write(watcher, ("%d %d %s\n" % (pid, new_group, tag)).encode())
-        except OSError:
-            pass
+    beat = tell() if valid_until is not None else None  # the watcher knows the deadline before the job runs
     try:
-        os.write(gate_w, b"g")  # the watcher knows the job: it may exec now
+        os.write(gate_w, _gate_message(env))  # the watcher knows the job: it may exec now
     except OSError:
         pass  # EPIPE: the child is already gone (killed from outside); waitpid tells how
     os.close(gate_w)
-    beat = tell() if valid_until is not None else None
+    started_at = time.monotonic()
     if on_start is not None:
         on_start(pid)
     if verbose:
@@ -537,7 +636,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
 
     abort = job.abort
     waited = _WAITED | {WAKE} if abort is not None else _WAITED  # WAKE: blocked since waker()
-    deadline = started + job.time_limit if job.time_limit is not None else None
+    deadline = started_at + job.time_limit if job.time_limit is not None else None
     timed_out = False
     aborted = False
     terminated = False  # SIGTERM sent (time limit or abort): the deadline is now SIGKILL's
@@ -631,7 +730,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None) -> Outcom
         while _signal.sigtimedwait(waited, 0) is not None:
             pass
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
-    return Outcome(status, timed_out, time.monotonic() - started, pid, tty_sigint, aborted)
+    return Outcome(status, timed_out, time.monotonic() - started_at, pid, tty_sigint, aborted)
 
 
 def _pgid(pid: int) -> int:

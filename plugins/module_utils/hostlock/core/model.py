@@ -24,8 +24,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
         path: str
 
-        def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> Held | None:
-            """Held, with our owner record written, or None once the deadline has passed."""
+        def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
+                    meanwhile: Callable[[], None] | None = None) -> Held | None:
+            """Held, with our owner record written, or None once the deadline has passed. `meanwhile()` may be
+            called (any number of times: the Lock runs it once) while a request is on its way to a server."""
 
         def release(self, held: Any) -> None:
             """Nothing of `held` is held any more when this returns."""
@@ -65,6 +67,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 MODES = ("exclusive", "shared")
+# The host mechanisms (host/: kernel OFD ranges, flock(), owner files) and what a Lock, --mechanism and the
+# modules accept. Here, not in host/directory.py, so that checking an argument loads no host mechanism.
+MECHANISMS = ("ofd", "flock", "record")
+MECHANISM_CHOICES = ("auto", *MECHANISMS)
 STATUS_SCHEMA = "hostlock.status/1"  # the version of LockStatus.to_json()/Holder.to_json() (docs/cli.md)
 
 

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import _thread
-import math
 
 from .errors import InvalidDuration, InvalidName
 
+# No `math` here: it is a shared library on many builds of Python (one more dlopen in every command's start).
+# Ranges are checked as what holds for a good value: NaN fails every comparison, so it falls through to the
+# refusal, as math.isnan() made it.
+_INF = float("inf")
+
 MAX_NAME_LENGTH = 100
+# The most slots a semaphore may have (host/kernel.py gives each slot a lock range of its own); here, so
+# that checking a Lock's arguments loads no host mechanism.
+MAX_SLOTS = 1024
 _FIRST = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _REST = _FIRST | frozenset(".+@-")
 NAME_RULE = "1-100 characters from A-Z a-z 0-9 _ . + @ -, not starting with . + @ or -"
@@ -42,7 +49,7 @@ _DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d"
 # (threading.TIMEOUT_MAX, 292 years on Linux), sigtimedwait()'s timespec and time_t all reach further.
 # Node's setTimeout has the same ceiling. Longer needs are served by renewing a lease or waiting forever.
 MAX_DURATION: float = min((2**31 - 1) / 1000.0, _thread.TIMEOUT_MAX)
-_LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, math.floor(MAX_DURATION / 8640) / 10)  # 24.8: never over
+_LIMIT_TEXT = "%.3f seconds (%.1f days)" % (MAX_DURATION, int(MAX_DURATION / 8640) / 10)  # 24.8: never over
 
 
 def check_duration(value: object, what: str = "duration", *, positive: bool = False,
@@ -57,13 +64,13 @@ def check_duration(value: object, what: str = "duration", *, positive: bool = Fa
     try:
         seconds = float(value)
     except OverflowError:  # an int too big for a float
-        seconds = math.inf
-    if math.isnan(seconds) or seconds < 0 or (positive and seconds == 0):
-        raise InvalidDuration("invalid %s %r: must be a number of seconds %s" % (what, value, "> 0" if positive
-                                                                                 else ">= 0"))
+        seconds = _INF
     if seconds > limit:
         raise InvalidDuration("%s %r is too long: at most %s" % (what, value, _limit_text(limit)))
-    return seconds
+    if seconds > 0 or (seconds == 0 and not positive):
+        return seconds
+    raise InvalidDuration("invalid %s %r: must be a number of seconds %s" % (what, value, "> 0" if positive
+                                                                             else ">= 0"))  # < 0, NaN
 
 
 def _limit_text(limit: float) -> str:
@@ -88,12 +95,12 @@ def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_D
         value = float(text.strip())
     except ValueError:
         value = _with_units(text, what)
-    if math.isnan(value) or value < 0 or (positive and value == 0):
-        raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
-                              % (what, text, "> 0" if positive else ">= 0"))
     if value > limit:
         raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
-    return value
+    if value > 0 or (value == 0 and not positive):
+        return value
+    raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
+                          % (what, text, "> 0" if positive else ">= 0"))  # < 0, NaN
 
 
 def _with_units(text: str, what: str = "duration") -> float:

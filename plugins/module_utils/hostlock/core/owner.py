@@ -17,7 +17,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping
 
-try:  # optional, only where /proc is missing (BSD, macOS)
+_HAS_PROC = os.path.isdir("/proc/self")
+try:  # optional, only where /proc is missing (BSD, macOS); not even looked for with /proc (a failed import
+    if _HAS_PROC:  # searches every directory of sys.path, at every start of the command)
+        raise ImportError("/proc is there")
     import psutil
 except ImportError:  # pragma: no cover - depends on the host
     psutil = None
@@ -25,7 +28,6 @@ except ImportError:  # pragma: no cover - depends on the host
 from . import procstat  # noqa: E402  # after the optional import above
 
 MAGIC = "HL1"
-_HAS_PROC = os.path.isdir("/proc/self")
 
 
 def _read(path: str) -> str | None:

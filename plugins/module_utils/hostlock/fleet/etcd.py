@@ -22,7 +22,6 @@ from __future__ import annotations
 import _socket
 import _thread
 import binascii
-import select
 import sys
 import time
 
@@ -33,6 +32,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     import socket
     import ssl
+    from typing import Callable
 
     from .url import FleetURL
 
@@ -291,19 +291,22 @@ class Client:
             head += "Authorization: %s\r\n" % self._token
         return (head + "\r\n").encode("latin-1")
 
-    def _post(self, i: int, path: str, payload: bytes, timeout: float) -> tuple[int, dict]:
+    def _post(self, i: int, path: str, payload: bytes, timeout: float,
+              meanwhile: Callable[[], None] | None = None) -> tuple[int, dict]:
         """One request to member i: (HTTP status, JSON body). OSError when it fails."""
         conn, reused = self._conn(i, timeout)
         try:
             try:
-                status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+                status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout,
+                                                    meanwhile)
             except (_Silent, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()
                 if reused:
                     # A kept-alive connection the member closed while idle: the request never reached it.
                     conn, reused = _Conn(self._open(i, timeout)), False
                     try:
-                        status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout)
+                        status, data, close = conn.exchange(self._head(i, path, len(payload)) + payload, timeout,
+                                                            meanwhile)
                     except (_Silent, ConnectionResetError) as again:
                         self._diagnose(i, again, timeout)
                         raise
@@ -329,11 +332,14 @@ class Client:
         return status, body if isinstance(body, dict) else {}
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
-             sent: list | None = None) -> dict:
+             sent: list | None = None, meanwhile: Callable[[], None] | None = None) -> dict:
         """POST `body` to /v3/`path`; the reply as a dict. FleetUnavailable when no member serves it by the
         deadline (at least `min_try` from now); EtcdError when etcd answers with a refusal. One member gets
         at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
-        attempt that succeeded was sent (a lease's TTL runs from after that moment)."""
+        attempt that succeeded was sent (a lease's TTL runs from after that moment). `meanwhile()` is called
+        once a request is sent, before its answer is read (on each attempt: the caller makes it run once),
+        so that the caller's own work overlaps etcd's; it must not raise an Exception (an OSError would pass
+        for the member's)."""
         payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
@@ -352,7 +358,7 @@ class Client:
                         self._authenticate(i, deadline)
                     if sent is not None:
                         sent[:] = [boottime()]
-                    status, reply = self._post(i, "/v3/" + path, payload, min(left, attempt))
+                    status, reply = self._post(i, "/v3/" + path, payload, min(left, attempt), meanwhile)
                     code = _code(reply)
                     if status == 200 and code is None:
                         self._next = i
@@ -495,11 +501,15 @@ class _Conn:
         self.buf += data
         return True
 
-    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
-        """Send one request, read its answer: (status, body, whether the connection must be closed)."""
+    def exchange(self, request: bytes, timeout: float,
+                 meanwhile: Callable[[], None] | None = None) -> tuple[int, bytes, bool]:
+        """Send one request, read its answer: (status, body, whether the connection must be closed).
+        `meanwhile()` runs between the two (see Client.call)."""
         end = monotonic() + timeout
         self.sock.settimeout(timeout)
         self.sock.sendall(request)
+        if meanwhile is not None:
+            meanwhile()
         self.buf = b""
         while True:
             while b"\r\n\r\n" not in self.buf:
@@ -635,6 +645,8 @@ class Watch:
             if left <= 0:
                 return False
             # select first: the socket's own timeout would leave a half-read TLS record or chunk behind.
+            import select  # watches only: not on the path of `hostlock run --fleet`
+
             ready = select.select([sock, *(self.wake if wake else ())], [], [], min(left, 3600.0))[0]
             if sock not in ready:
                 return False
@@ -647,6 +659,16 @@ class Watch:
             raise WatchClosed("watch stream closed by %s" % _member(self.client.endpoints[self.i]))
         self._raw += data
         return True
+
+    def buffered(self) -> bool:
+        """Whether a whole message is here already, read along with an earlier one (etcd may send a watch's
+        "created" answer and its first event in one segment): select() on the socket cannot see it, its bytes
+        have left the socket. (A stream that ended counts: events() then raises WatchClosed.)"""
+        try:
+            self._dechunk()
+        except WatchClosed:
+            return True
+        return b"\n" in self._body
 
     def _dechunk(self) -> None:
         while True:

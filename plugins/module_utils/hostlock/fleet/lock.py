@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import _signal
 import _thread
-import math
 import os
-import select
 import time
 
 from ..core import admission
@@ -32,7 +30,6 @@ from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost, TokenError
 from ..core.names import check_duration, validate_name
 from ..core.owner import Holder, build_record, parse_record, record_prefix
-from ..core.tokens import fleet_token, split_fleet
 from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, b64, monotonic, prefix_end, unb64
 
 TYPE_CHECKING = False
@@ -117,16 +114,19 @@ def waits_on(entries: list, i: int) -> tuple:
 LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
 
 
-def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None) -> dict:
+def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None,
+          meanwhile: Callable[[], None] | None = None) -> dict:
     """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
     interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
-    revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL."""
+    revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL.
+    `meanwhile`: see Client.call."""
     while True:
         lid = (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
         ids.append(lid)
         try:
-            return client.call("lease/grant", {"TTL": max(1, int(math.ceil(ttl))), "ID": str(lid)}, deadline,
-                               sent=sent)
+            # -(-x // 1): ceil(x) without `math` (a shared library on many builds: one dlopen less at start)
+            return client.call("lease/grant", {"TTL": max(1, int(-(-ttl // 1))), "ID": str(lid)}, deadline,
+                               sent=sent, meanwhile=meanwhile)
         except EtcdError as e:
             if e.code != LEASE_EXISTS:
                 raise
@@ -407,6 +407,10 @@ class Session:
             raise
 
     def _loop(self) -> None:
+        # Here, in the thread: `hostlock run --fleet` never waits for this import (a shared library on many
+        # builds), the thread does it while the main thread waits for etcd's answer to the queue transaction.
+        import select
+
         interval = max(0.1, self.ttl / 3.0)
         next_ka = self.ok_at + interval
         watches: dict = {}  # claim -> the Watch on its key
@@ -453,8 +457,11 @@ class Session:
                             wake_at = min(wake_at, boottime() + 0.5)
                 pause = wake_at - boottime()
                 socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
-                # TLS may hold a whole record already read from the socket: select() would not see it.
-                ready = [claim for claim, w in watches.items() if getattr(w.sock, "pending", None) and w.sock.pending()]
+                # What select() cannot see: a message read along with an earlier one (a key deleted before its
+                # watch opened: etcd's "created" and the DELETE can come in one segment), or a whole TLS record
+                # already read from the socket.
+                ready = [claim for claim, w in watches.items()
+                         if w.buffered() or (getattr(w.sock, "pending", None) and w.sock.pending())]
                 if not ready:
                     got = select.select([self._stop_r, *socks], [], [], max(0.0, pause))[0]
                     ready = [socks[s] for s in got if s in socks]
@@ -565,10 +572,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_sessions)
 
 
-def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list) -> Session:
+def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list,
+         meanwhile: Callable[[], None] | None = None) -> Session:
     """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
     (or when this process already has a key of that lock name on it: then a lease of its own). Sets
-    claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for."""
+    claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for.
+    `meanwhile` runs while a grant is on its way (not at all when the lease is there already)."""
     url = backend.url
     shared = (url.scheme, tuple(url.endpoints), url.user, url.password, url.cacert, url.cert, url.key, ttl)
     with _SESSIONS_MUTEX:
@@ -578,7 +587,7 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
         private = session is not None and not session.lost and not session._stopped
         sent: list = []
         # Granted with the registry locked: two threads starting at once share one lease, not two.
-        reply = grant(backend.client, ttl, deadline, ids, sent)
+        reply = grant(backend.client, ttl, deadline, ids, sent, meanwhile)
         lease = int(reply["ID"])
         made = Session(backend.client, lease, float(reply.get("TTL") or ttl), sent[0], claim,
                        None if private else shared)
@@ -604,29 +613,32 @@ class EtcdLocker:
         # Without a caller's deadline, etcd unreachable for a whole TTL ends the wait: our lease is gone by then.
         return deadline if deadline is not None else monotonic() + self.ttl
 
-    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> EtcdHeld | None:
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
+                meanwhile: Callable[[], None] | None = None) -> EtcdHeld | None:
         """Held (our key first in line for our mode, our record its value), or None once the deadline passed.
 
         A waiter that gives up or fails revokes its lease first (its key goes with it); if etcd cannot be
         reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
         A waiter that loses its place before it holds (its lease ended in an outage longer than the TTL, its
         key deleted, the lease gone between grant and put) queues again, on a new lease, while its time
-        remains: a wait of D waits for D.
+        remains: a wait of D waits for D. `meanwhile` runs while the lease's grant is on its way: the key's
+        record is built after it (it may name what it started).
         """
         while True:
             try:
-                return self._attempt(mode, deadline, record)
+                return self._attempt(mode, deadline, record, meanwhile)
             except _LostPlace as e:
                 if deadline is not None and monotonic() >= deadline:
                     raise e.error from None
 
-    def _attempt(self, mode: str, deadline: float | None, record: Builder) -> EtcdHeld | None:
+    def _attempt(self, mode: str, deadline: float | None, record: Builder,
+                 meanwhile: Callable[[], None] | None = None) -> EtcdHeld | None:
         ids: list = []
         # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, in _queue).
         claim = Claim()
         ok = False
         try:  # from before the grant: whatever ends this (a signal's exception too) takes our key with it
-            session = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids)
+            session = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids, meanwhile)
             held = self._queue(mode, deadline, record, self.prefix + b"%x" % session.lease, session.lease, claim)
             ok = held is not None
             return held
@@ -1013,6 +1025,8 @@ class EtcdBackend:
                 locker._revoke(new)
             locker.release(held)
             raise
+        from ..core.tokens import fleet_token  # leases only: not on the path of a lock
+
         return fleet_token(hexid, held.fence)
 
     def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str,
@@ -1059,6 +1073,8 @@ class EtcdBackend:
 
     def _token_key(self, name: str, token: str) -> tuple:
         validate_name(name)
+        from ..core.tokens import split_fleet
+
         hexid, rev = split_fleet(token)
         key = self.name_prefix(name) + hexid.encode()
         kvs = self.client.call("kv/range", {"key": b64(key)}, monotonic() + DEFAULT_TTL).get("kvs") or []

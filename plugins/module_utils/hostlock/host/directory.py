@@ -13,6 +13,7 @@ import os
 import stat
 
 from ..core.errors import LockDirectoryError, LockFileError, MechanismError
+from ..core.model import MECHANISMS
 from . import safepath as _safepath
 
 TYPE_CHECKING = False
@@ -23,8 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # make every root job refuse it (a squatted default is a denial of service).
 SYSTEM_DIRECTORY = "/run/hostlock"
 MARKER = ".hostlock-mechanism"
-MECHANISMS = ("ofd", "flock", "record")
-MECHANISM_CHOICES = ("auto", *MECHANISMS)  # what a Lock, --mechanism and the modules accept
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)

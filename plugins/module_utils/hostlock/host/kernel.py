@@ -29,6 +29,7 @@ import struct
 import sys
 import time
 
+from ..core.names import MAX_SLOTS
 from . import waiting as _waiting
 from .waiting import TIMED_OUT, Expired, Race
 
@@ -55,7 +56,6 @@ HEAD_SINCE_AT = 72  # CLOCK_MONOTONIC ns at which the first waiter in line reach
 # less than this. The releasing process then often goes on without a context switch (flock's throughput),
 # yet no waiter is overtaken for longer than the window (flock's waiters can be, without bound).
 BARGE_WINDOW_NS = 2_000_000
-MAX_SLOTS = 1024
 # Queue tickets live in [QUEUE0, WAITING0): a counter past that was not written by hostlock (a member of a
 # shared directory can write the file) and is read as 0; tickets still in use are skipped as ever.
 TICKETS = WAITING0 - QUEUE0

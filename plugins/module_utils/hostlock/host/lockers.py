@@ -18,6 +18,7 @@ from .waiting import backoff_sleep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Callable
 
     from ..core.model import Builder
     from .record import RecordHeld, RecordMechanism
@@ -106,8 +107,10 @@ class KernelLocker:
                 raise
         return self.file
 
-    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> _kernel.Held | None:
-        """Held, with our owner record written, or None once the deadline has passed."""
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
+                meanwhile: Callable[[], None] | None = None) -> _kernel.Held | None:
+        """Held, with our owner record written, or None once the deadline has passed. (`meanwhile`: no round
+        trip to overlap here; the Lock runs it once this returns.)"""
         mech = self.mech
         while True:
             f = self._open(deadline)
@@ -175,8 +178,10 @@ class RecordLocker:
         self.directory, self.name, self.slots, self.shared_dir = directory, name, slots, shared_dir
         self.path = os.path.join(directory, name + self.suffix)
 
-    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder) -> RecordHeld | None:
+    def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
+                meanwhile: Callable[[], None] | None = None) -> RecordHeld | None:
         """Held (the owner file published whole, with our record), or None once the deadline has passed.
+        (`meanwhile`: as KernelLocker's.)
 
         Without kernel locks nothing can wake a waiter: it polls with backoff; `fifo` cannot be honoured.
         """
