@@ -18,8 +18,14 @@ from .core.model import MECHANISM_CHOICES, MODES, LockStatus
 from .core.names import MAX_SLOTS, check_duration, validate_name
 from .core.owner import Holder, _Self, build_record, parse_record, record_prefix
 
-# The host mechanisms (host/) are imported where a host lock needs them, not here: a process that takes only
-# fleet locks (`hostlock run --fleet`, the controller's plugins) never loads them (about 2 ms of its start).
+# The host mechanisms are imported here, with the policy, not where a host lock first needs them: a process
+# that imports hostlock and then drops its privileges (setuid to a user who cannot read the interpreter's
+# stdlib under /root, or the engine's files), or whose engine is upgraded under it, must still take host
+# locks with the code it imported (tests/integration/engine/test_hostile.py, test_directories.py). A
+# fleet-only process pays about 2 ms of its start for that.
+from .host import directory as _host_directory  # noqa: F401 - loaded with the policy (see above)
+from .host import kernel as _host_kernel  # noqa: F401
+from .host import lockers as _host_lockers  # noqa: F401
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
