@@ -561,8 +561,8 @@ NOTES = [
     "",
     "`hostlock run --fleet URL NAME true` is a whole process, started as the cli role starts it (a `#!PYTHON "
     "-IS` launcher): the interpreter's own start (`python3 -I -S -c pass`) and `os`, the imports (the fleet "
-    "engine, the policy and the command line: no host-lock module, `threading`, `http.client`, `email`, "
-    "`json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
+    "engine, the policy with the host mechanisms, and the command line: no lease code, `threading`, "
+    "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
     "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), three round trips like "
     "`etcdctl lock`'s (lease grant, the queue transaction, the revoke; etcdctl's third is a delete), the "
     "watcher and the job's process forked while etcd grants the lease (the job's pid goes into the record the "
