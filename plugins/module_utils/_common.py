@@ -17,6 +17,9 @@ import typing as t
 # The key under which every hostlock.core result reports its lock timings, so the
 # hostlock.core.serialize callback can build its recap without knowing each plugin's result shape.
 RESULT_KEY = "hostlock"
+# A heartbeat lease's default length (lock with heartbeat: true, locked around a task with its own action
+# plugin): the controller renews it every quarter of it.
+HEARTBEAT_LEASE = 60.0
 
 # The controller appends "[run ID]" to a lease's label and "[run ID task]" to a hostlock.core.locked task's
 # (plugin_utils/_runid.py): how a host recognises a holder of the same run. A task's lock ends by itself, so

@@ -541,6 +541,7 @@ from ansible.module_utils.basic import AnsibleModule
 # First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
 from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
+    HEARTBEAT_LEASE,
     describe_holders,
     engine_message,
     lease_marker,
@@ -602,8 +603,6 @@ REQUIRED_ONE_OF = [("name", "path")]
 # A bound, not a delay: the holder unlocks first and then answers (hostlock.lease), so when release() returns the
 # lock is free and settle() normally returns at once; this bounds it should status still show our holder.
 RELEASE_SETTLE = 2.0
-# A heartbeat lease's default length: the controller renews it every quarter of it.
-HEARTBEAT_LEASE = 60.0
 
 
 class Conflict(Exception):

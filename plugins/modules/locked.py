@@ -371,6 +371,7 @@ from ansible.module_utils.basic import AnsibleModule
 # First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
 from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
+    HEARTBEAT_LEASE,
     RESULT_KEY,
     describe_holders,
     engine_message,
@@ -430,8 +431,6 @@ ARGUMENT_SPEC = dict(
     controller=dict(type="str"),
     heartbeat=dict(type="bool", default=False),
 )
-# A heartbeat lease's default length (as hostlock.core.lock's): the controller renews it every quarter of it.
-HEARTBEAT_LEASE = 60.0
 
 
 def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:

@@ -28,6 +28,15 @@ HERE = Path(__file__).resolve().parent
 PLAYBOOKS = HERE / "playbooks"
 VENV_BIN = Path(sys.executable).parent
 SSHD = Path("/usr/sbin/sshd")
+# A host job of the same lock (`hostlock run NAME python -c NEXT EVENTS WORK_PID`), for the tests that kill a
+# run while its work holds a lock: when it ran, and whether the work (WORK_PID) still existed then.
+NEXT = (
+    "import sys, time\n"
+    "try:\n    state = open('/proc/%s/stat' % sys.argv[2]).read().rpartition(')')[2].split()[0]\n"
+    "except OSError:\n    state = 'gone'\n"
+    "word = 'next' if state in ('gone', 'Z', 'X') else 'next-overlap'\n"
+    "open(sys.argv[1], 'a').write('%s 0 %.9f\\n' % (word, time.time()))\n"
+)
 
 
 def bare_python() -> str:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import hostlock_cli, wait_for
+from harness import NEXT, hostlock_cli, wait_for
 
 # copy's validate command: the work. It traps nothing, so a signal or hangup that reached it would end it
 # before its `out` line; it must not change the file it validates (exit 0).
@@ -27,14 +27,6 @@ echo "in $$ $(date +%s.%N)" >> "$events"
 while [ ! -e "$gate" ]; do sleep 0.02; done
 echo "out $$ $(date +%s.%N)" >> "$events"
 """
-# The next holder: when it ran, and whether the work still existed then.
-NEXT = (
-    "import sys, time\n"
-    "try:\n    state = open('/proc/%s/stat' % sys.argv[2]).read().rpartition(')')[2].split()[0]\n"
-    "except OSError:\n    state = 'gone'\n"
-    "word = 'next' if state in ('gone', 'Z', 'X') else 'next-overlap'\n"
-    "open(sys.argv[1], 'a').write('%s 0 %.9f\\n' % (word, time.time()))\n"
-)
 CELLS = [(host, step, how) for host in ("loc", "ssh1") for step in ("first", "later") for how in ("ctrl-c", "sigkill")]
 
 

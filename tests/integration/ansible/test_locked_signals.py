@@ -19,20 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import Sshd, hostlock_cli
+from harness import NEXT, Sshd, hostlock_cli
 from harness import wait_for as _wait_for
 
 # The wrapped work: nothing trapped, so whatever reaches it ends it before its `out` line.
 WORK = 'echo "in $$ $(date +%s.%N)" >> {events}; while [ ! -e {gate} ]; do sleep 0.02; done; ' \
        'echo "out $$ $(date +%s.%N)" >> {events}'
-# A host job of the same lock (through the host's CLI): when it ran, and whether the work still existed.
-NEXT = (
-    "import sys, time\n"
-    "try:\n    state = open('/proc/%s/stat' % sys.argv[2]).read().rpartition(')')[2].split()[0]\n"
-    "except OSError:\n    state = 'gone'\n"
-    "word = 'next' if state in ('gone', 'Z', 'X') else 'next-overlap'\n"
-    "open(sys.argv[1], 'a').write('%s 0 %.9f\\n' % (word, time.time()))\n"
-)
 HOLDER = 'echo "held $$ $(date +%s.%N)" >> {events}; while [ ! -e {gate} ]; do sleep 0.02; done; ' \
          'echo "released $$ $(date +%s.%N)" >> {events}'
 
