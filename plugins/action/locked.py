@@ -28,7 +28,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
 from ansible_collections.hostlock.core.plugins.modules.locked import LOCK_OPTIONS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
-from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _hostlease
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _hostcode, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
     LOCAL_TRANSPORTS,
@@ -185,7 +185,10 @@ class ActionModule(ActionBase):
             task=dict(module=fqcn),
             payload=base64.b64encode(bits.b_module_data).decode("ascii"),
         )
-        result.update(self._execute_module(module_name=LOCKED_MODULE, module_args=locked_args, task_vars=task_vars))
+        result.update(_hostcode.run_with(
+            lambda a: self._execute_module(module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),
+            locked_args, _hostcode.key(self, bits.shebang, task_vars), RESULT_KEY,
+        ))
         self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
 

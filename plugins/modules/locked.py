@@ -172,6 +172,13 @@ options:
     type: bool
     default: false
     version_added: 0.3.0
+  compiled:
+    description:
+      - Internal, set by the action plugin on the controller; do not set it. The hostlock modules as this
+        host's interpreter compiled them in an earlier run of this C(ansible-playbook) run, on this host as
+        this user (base64); an empty string asks for them. Code of another interpreter is never loaded.
+    type: str
+    version_added: 0.3.0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
@@ -368,37 +375,10 @@ import base64
 
 from ansible.module_utils.basic import AnsibleModule
 
-# First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
-from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
-from ansible_collections.hostlock.core.plugins.module_utils._common import (
-    HEARTBEAT_LEASE,
-    RESULT_KEY,
-    describe_holders,
-    engine_message,
-    lease_marker,
-    live_holders,
-    path_holder_dicts,
-    path_params_error,
-    would_acquire,
-)
-from ansible_collections.hostlock.core.plugins.module_utils._runner import (
-    ControllerGone,
-    LeaseTake,
-    SelfWait,
-    detach,
-    emit_result,
-    run_leased,
-    run_locked,
-    run_payload,
-)
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
-    HostlockError,
-    Lock,
-    LockTimeout,
-    parse_duration,
-    status,
-)
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.pathlock import PathLock
+# First: the engine is then compiled once, not twice, from the AnsiballZ zip; or not at all, from code this
+# host's interpreter compiled in an earlier run (the `compiled` option): see _zipimport. The engine is
+# imported in main(), once the options are read.
+from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
 
 # The lock's options, which the action (plugins/action/locked.py) validates on the controller too.
 LOCK_OPTIONS = dict(
@@ -430,18 +410,66 @@ ARGUMENT_SPEC = dict(
     payload=dict(type="str", no_log=True),
     controller=dict(type="str"),
     heartbeat=dict(type="bool", default=False),
+    # code, not a secret: no_log keeps ~300 kB out of the invocation and the host's log
+    compiled=dict(type="str", no_log=True),
 )
-
-
-def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
-    if path:
-        return path_holder_dicts(path)
-    return [h.as_dict() for h in status(name, directory=directory).holders]
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
                            mutually_exclusive=MUTUALLY_EXCLUSIVE, required_one_of=REQUIRED_ONE_OF)
+    if module.params["compiled"]:
+        try:
+            _zipimport.preload(base64.b64decode(module.params["compiled"]))
+        except ValueError:  # not base64: compile from the zip, as without it
+            pass
+    run(module)
+
+
+def with_compiled(module: AnsibleModule, info: dict) -> dict:
+    """`info`, with this run's compiled engine when the controller asked for it and this run compiled any."""
+    if module.params["compiled"] is not None and _zipimport.compiled_here():
+        info["compiled"] = base64.b64encode(_zipimport.exported()).decode("ascii")
+    return info
+
+
+def run(module: AnsibleModule) -> None:
+    """Take the lock, run the wrapped module under it, and answer with its result and ours."""
+    from ansible_collections.hostlock.core.plugins.module_utils._common import (
+        HEARTBEAT_LEASE,
+        RESULT_KEY,
+        describe_holders,
+        engine_message,
+        lease_marker,
+        live_holders,
+        path_holder_dicts,
+        path_params_error,
+        would_acquire,
+    )
+    from ansible_collections.hostlock.core.plugins.module_utils._runner import (
+        ControllerGone,
+        LeaseTake,
+        SelfWait,
+        detach,
+        emit_result,
+        run_leased,
+        run_locked,
+        run_payload,
+    )
+    from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
+        HostlockError,
+        Lock,
+        LockTimeout,
+        parse_duration,
+        status,
+    )
+    from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host.pathlock import PathLock
+
+    def holder_dicts(name: str, directory: str | None, path: str | None = None) -> list:
+        if path:
+            return path_holder_dicts(path)
+        return [h.as_dict() for h in status(name, directory=directory).holders]
+
     p = module.params
     name = p["name"] or p["path"]
     path_error = path_params_error(p)
@@ -480,7 +508,7 @@ def main() -> None:
         holders = holder_dicts(name, p["directory"], p["path"])
         info.update(event="check", free=would_acquire(holders, p["mode"], p["slots"]), holders=holders)
         result, _pid = run_payload(payload)
-        result[RESULT_KEY] = info
+        result[RESULT_KEY] = with_compiled(module, info)
         emit_result(result)
 
     def holders_of() -> list:
@@ -521,7 +549,7 @@ def main() -> None:
     except HostlockError as e:
         module.fail_json(msg=f"lock {name}: {engine_message(e)}", **{RESULT_KEY: info})
     info.update(result.pop(RESULT_KEY, {}), event="locked", taken=True)
-    result[RESULT_KEY] = info
+    result[RESULT_KEY] = with_compiled(module, info)
     emit_result(result)
 
 

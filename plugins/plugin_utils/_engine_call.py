@@ -12,6 +12,11 @@ travels on standard input, never on a command line (`ps` shows those to every us
 
 The engine's package __init__ files are replaced by empty ones: `hostlock/__init__.py` imports the
 whole engine, and the called function's own imports say what it needs.
+
+Compiling those sources is most of such a run's own time (about 11 ms of Python 3.8's for a release).
+Given the code the host's interpreter compiled in this run's locked module runs (plugin_utils/_hostcode.py;
+the release runs the same interpreter, as the same user), BOOT loads that instead, through the same
+module_utils/_zipimport.py (its preload() refuses another interpreter's code: then BOOT compiles).
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ _BOOT = r'''
 import sys
 from importlib.machinery import ModuleSpec
 S = D["modules"]
+Z = {"__name__": "_zipimport"}
+exec(compile(D["zipimport"], "<hostlock>/_zipimport", "exec"), Z)
+Z["preload"](D["compiled"])
 class F:
     @classmethod
     def find_spec(cls, name, path=None, target=None):
@@ -42,7 +50,8 @@ class F:
     def exec_module(m):
         if S[m.__name__][0]:
             m.__path__ = []
-        exec(compile(S[m.__name__][1], "<hostlock>/" + m.__name__, "exec"), m.__dict__)
+        c = None if S[m.__name__][0] else Z["take"](m.__name__)  # packages stay empty
+        exec(c or compile(S[m.__name__][1], "<hostlock>/" + m.__name__, "exec"), m.__dict__)
 sys.meta_path.insert(0, F)
 module, _, func = D["call"].partition(":")
 try:
@@ -116,9 +125,19 @@ def _plain(value: t.Any) -> t.Any:
     raise TypeError(f"cannot send a {type(value).__name__} to the host")
 
 
-def request(call: str, roots: t.Iterable[str], *args: t.Any, **kwargs: t.Any) -> tuple[str, bytes]:
-    """(the command's arguments after the interpreter, its standard input) for calling `call` (module:function)."""
-    data = dict(boot=_BOOT, modules=closure(roots), call=call, args=_plain(list(args)), kwargs=_plain(kwargs))
+def _zipimport_source() -> str:
+    if "_zipimport" not in _CACHE:
+        with open(os.path.join(os.path.dirname(ENGINE), "_zipimport.py"), encoding="utf-8") as f:
+            _CACHE["_zipimport"] = f.read()
+    return _CACHE["_zipimport"]
+
+
+def request(call: str, roots: t.Iterable[str], *args: t.Any, compiled: bytes = b"",
+            **kwargs: t.Any) -> tuple[str, bytes]:
+    """(the command's arguments after the interpreter, its standard input) for calling `call` (module:function);
+    `compiled`: what module_utils/_zipimport.exported() gave on the host, for this same interpreter."""
+    data = dict(boot=_BOOT, modules=closure(roots), zipimport=_zipimport_source(), compiled=bytes(compiled),
+                call=call, args=_plain(list(args)), kwargs=_plain(kwargs))
     return COMMAND, marshal.dumps(data, 4)
 
 
@@ -134,3 +153,17 @@ def outcome(stdout: str) -> tuple[bool, str]:
 # What a lease release imports: the channel client, and host.safepath, which find_channel imports when called.
 RELEASE_ROOTS = ("hostlock.host.channel", "hostlock.host.safepath")
 RELEASE_CALL = "hostlock.host.channel:release"
+
+
+def warm() -> None:
+    """Read and parse the release's sources now: called at import, which happens in ansible-playbook's own
+    process (its strategy loads the action plugins), so each task's forked worker inherits them instead of
+    parsing them again (about 7 ms a task)."""
+    try:
+        closure(RELEASE_ROOTS)
+        _zipimport_source()
+    except (OSError, SyntaxError, ValueError):  # said again, and reported, by the first request
+        pass
+
+
+warm()

@@ -19,7 +19,7 @@ import shlex
 import typing as t
 
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY
-from ansible_collections.hostlock.core.plugins.plugin_utils import _engine_call, _heartbeat
+from ansible_collections.hostlock.core.plugins.plugin_utils import _engine_call, _heartbeat, _hostcode
 
 LOCK_MODULE = "hostlock.core.lock"
 LOCKED_MODULE = "hostlock.core.locked"
@@ -103,6 +103,7 @@ class TaskLease:
         self.interpreter: str | None = None
         self._busy = 0  # inside a housekeeping step or our own take: commands pass through
         self.deferred: list = []  # the task's temporary directories' removal, run with the release
+        self.code_key: str | None = None  # where the first step ran: the host's compiled engine (_hostcode)
 
     @property
     def token(self) -> str | None:
@@ -219,7 +220,11 @@ class TaskLease:
                 else:
                     args = dict(self.locked_args, heartbeat=True, task=dict(module=module_name),
                                 payload=base64.b64encode(bits.b_module_data).decode("ascii"))
-                    result = orig_module(act, module_name=LOCKED_MODULE, module_args=args, task_vars=task_vars)
+                    self.code_key = _hostcode.key(act, bits.shebang, task_vars)
+                    result = _hostcode.run_with(
+                        lambda a: orig_module(act, module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),
+                        args, self.code_key, RESULT_KEY,
+                    )
                     self._taken(result, bits.shebang)
                     return result
         finally:
@@ -286,7 +291,8 @@ class TaskLease:
             try:
                 args, data = _engine_call.request(
                     _engine_call.RELEASE_CALL, _engine_call.RELEASE_ROOTS, which.get("name", ""), token,
-                    directory=self.got.get("directory"), path=which.get("path"))
+                    directory=self.got.get("directory"), path=which.get("path"),
+                    compiled=_hostcode.compiled(self.code_key))
                 command = "".join(f"{rm}; " for rm in deferred) + f"{shlex.quote(self.interpreter)} {args}"
                 out = self.action._low_level_execute_command(command, in_data=data)
                 deferred = []  # the command ran: its removals with it

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import glob
 import json
+import marshal
 import subprocess
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -32,8 +34,12 @@ def counting(source, filename, *args, **kwargs):
 builtins.compile = counting
 zipimport.compile = counting  # zipimport (Python code since 3.8) finds compile() in its globals first
 first = sys.meta_path[0]
-if sys.argv[2] == "finder":
+preloaded = None
+if sys.argv[2] != "plain":
     from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
+if sys.argv[2] == "preload":
+    with open(sys.argv[3], "rb") as f:
+        preloaded = _zipimport.preload(f.read())
 finders = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]
 compiled.clear()
 from ansible_collections.hostlock.core.plugins.module_utils.pkg import mod
@@ -47,8 +53,11 @@ print(json.dumps(dict(
     compiled=compiled, value=mod.VALUE, relative=mod.SIBLING, file=mod.__file__, pkg_file=pkg.__file__,
     pkg_path=list(pkg.__path__), package=mod.__package__, origin=mod.__spec__.origin,
     source=mod.__loader__.get_source(mod.__name__).splitlines()[0], missing=missing,
-    first_kept=sys.meta_path[0] is first, finders=finders,
+    first_kept=sys.meta_path[0] is first, finders=finders, preloaded=preloaded,
 )))
+if sys.argv[2] in ("finder", "preload") and len(sys.argv) > 4:
+    with open(sys.argv[4], "wb") as f:
+        f.write(_zipimport.exported())
 """
 
 
@@ -67,9 +76,10 @@ def payload_zip(tmp_path: Path) -> str:
     return str(path)
 
 
-def probe(python: str, zip_path: str, mode: str) -> dict:
-    out = subprocess.run([python, "-I", "-c", PROBE, zip_path, mode], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+def probe(python: str, zip_path: str, mode: str, blob: str = "-", out: str | None = None) -> dict:
+    argv = [python, "-I", "-c", PROBE, zip_path, mode, blob] + ([out] if out else [])
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
 
 
 @pytest.mark.parametrize("python", PYTHONS)
@@ -92,3 +102,42 @@ def test_modules_on_disk_are_left_to_the_usual_finders(tmp_path):
     assert finder.find_spec(_zipimport.PREFIX + "pkg", [str(tmp_path)]) is None  # a directory, not a zip
     assert finder.find_spec("json", None) is None  # not this collection's
     assert finder.find_spec(_zipimport.PREFIX + "pkg", [str(tmp_path / "no.zip" / "x")]) is None  # no such zip
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_later_run_of_the_same_interpreter_compiles_nothing(python, payload_zip, tmp_path):
+    """What a run compiled (exported) lets the next run of that interpreter import the same modules with no
+    compile() at all, with the same attributes (the controller keeps it between a host's runs)."""
+    blob = str(tmp_path / "compiled")
+    first = probe(python, payload_zip, "finder", out=blob)
+    assert first["compiled"] == {"__init__.py": 1, "mod.py": 1, "sibling.py": 1}, first
+    second = probe(python, payload_zip, "preload", blob, out=str(tmp_path / "again"))
+    assert second["preloaded"] is True and second["compiled"] == {}, second
+    for key in ("value", "relative", "file", "pkg_file", "pkg_path", "package", "origin", "source", "missing"):
+        assert second[key] == first[key], (key, second[key], first[key])
+    # what the second run hands back still holds every module (given, not compiled, this time)
+    third = probe(python, payload_zip, "preload", str(tmp_path / "again"))
+    assert third["preloaded"] is True and third["compiled"] == {}, third
+
+
+def test_code_of_another_interpreter_or_damaged_code_is_never_loaded(payload_zip, tmp_path):
+    """The tag (magic number and version) must be the running interpreter's: anything else is compiled from
+    the zip as if no code had been given."""
+    if len(PYTHONS) < 2:
+        pytest.skip("needs two Python versions")
+    other, this = PYTHONS[0], PYTHONS[-1]
+    theirs = str(tmp_path / "theirs")
+    probe(other, payload_zip, "finder", out=theirs)
+    got = probe(this, payload_zip, "preload", theirs)
+    assert got["preloaded"] is False and got["compiled"] == {"__init__.py": 1, "mod.py": 1, "sibling.py": 1}, got
+    ours = tmp_path / "ours"
+    probe(this, payload_zip, "finder", out=str(ours))
+    data = ours.read_bytes()
+    cut = data.index(b"\0", len(b"hostlock-code/1\0") + 4) + 1  # the tag: marker, magic number, version
+    for damaged in (data[:cut] + b"not zlib", data[:cut] + zlib.compress(b"\xff\x00"), data[: cut - 3], b""):
+        (tmp_path / "bad").write_bytes(damaged)
+        got = probe(this, payload_zip, "preload", str(tmp_path / "bad"))
+        assert got["preloaded"] is False and got["compiled"]["mod.py"] == 1, (damaged[:40], got)
+    # and in-process: code objects only, under names of this package
+    assert _zipimport.preload(_zipimport.TAG + zlib.compress(marshal.dumps({"x": 1}))) is True
+    assert _zipimport.take("x") is None

@@ -11,6 +11,7 @@ import os
 import shlex
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,8 @@ def test_the_remote_users_python_environment_changes_nothing(tmp_path):
     planted = tmp_path / "planted"
     planted.mkdir()
     marker = tmp_path / "ran"
-    (planted / "hmac.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)\n")
+    for name in ("hmac", "hashlib", "_sha256", "_sha2", "_socket", "socket", "zlib", "marshal"):
+        (planted / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)\n")
     lockdir = str(tmp_path / "locks")
     token = _lease.hold("quick", 60, directory=lockdir)
     args, data = _engine_call.request(_engine_call.RELEASE_CALL, _engine_call.RELEASE_ROOTS, "quick", token,
@@ -126,3 +128,63 @@ def test_the_remote_users_python_environment_changes_nothing(tmp_path):
                           check=False, env=dict(os.environ, PYTHONPATH=str(planted)))
     assert _engine_call.outcome(done.stdout.decode()) == (True, ""), done
     assert not marker.exists()
+
+
+MU = "ansible_collections/hostlock/core/plugins/module_utils"
+EXPORT = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.host import channel
+sys.stdout.buffer.write(_zipimport.exported())
+"""
+
+
+def compiled_by(python: str, tmp_path: Path, marker: Path | None = None) -> bytes:
+    """What a locked module run of `python` hands back (module_utils/_zipimport.exported()), from an AnsiballZ
+    layout zip of the real engine; with `marker`, its channel.release first creates that file (a change the
+    shipped sources do not have: the proof that the code given is the code run)."""
+    path = tmp_path / f"payload-{abs(hash(python))}-{bool(marker)}.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        for package in ("ansible_collections", "ansible_collections/hostlock", "ansible_collections/hostlock/core",
+                        "ansible_collections/hostlock/core/plugins", MU):
+            z.writestr(f"{package}/__init__.py", "")
+        z.writestr(f"{MU}/_zipimport.py", (ENGINE.parent / "_zipimport.py").read_text())
+        for source in ENGINE.rglob("*.py"):
+            text = source.read_text()
+            if marker and source.name == "channel.py":
+                text += (f"\n_release = release\n\ndef release(*a, **k):\n    open({str(marker)!r}, 'w').close()\n"
+                         "    return _release(*a, **k)\n")
+            z.writestr(f"{MU}/hostlock/{source.relative_to(ENGINE)}", text)
+    return subprocess.run([python, "-I", "-c", EXPORT, str(path)], capture_output=True, check=True).stdout
+
+
+@pytest.mark.parametrize("python", pythons())
+def test_the_release_runs_the_code_the_hosts_interpreter_compiled(python, tmp_path):
+    """Given what the same interpreter compiled in a locked module run, the release compiles nothing: the code
+    it runs is that code (here marked by a changed channel.release)."""
+    lockdir, marker = str(tmp_path / "locks"), tmp_path / "precompiled-release-ran"
+    compiled = compiled_by(python, tmp_path, marker)
+    token = _lease.hold("quick", 60, directory=lockdir, in_flight=True)
+    args, data = _engine_call.request(_engine_call.RELEASE_CALL, _engine_call.RELEASE_ROOTS, "quick", token,
+                                      directory=lockdir, compiled=compiled)
+    done = run(python, args, data)
+    assert _engine_call.outcome(done.stdout.decode()) == (True, ""), done
+    assert marker.exists(), "the release compiled its sources instead of running the code it was given"
+    assert hostlock.status("quick", directory=lockdir).state == "free"
+
+
+def test_code_another_interpreter_compiled_is_ignored_and_the_release_still_works(tmp_path):
+    found = [p for p in pythons() if p != sys.executable]
+    if not found:
+        pytest.skip("needs a second Python")
+    lockdir, marker = str(tmp_path / "locks"), tmp_path / "precompiled-release-ran"
+    compiled = compiled_by(found[0], tmp_path, marker)  # e.g. 3.8's code, given to this interpreter
+    for given in (compiled, compiled[:-20], b"junk"):
+        token = _lease.hold("quick", 60, directory=lockdir, in_flight=True)
+        args, data = _engine_call.request(_engine_call.RELEASE_CALL, _engine_call.RELEASE_ROOTS, "quick", token,
+                                          directory=lockdir, compiled=given)
+        done = run(sys.executable, args, data)
+        assert _engine_call.outcome(done.stdout.decode()) == (True, ""), done
+        assert not marker.exists()
+        assert hostlock.status("quick", directory=lockdir).state == "free"
