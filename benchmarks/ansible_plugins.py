@@ -305,17 +305,20 @@ def main() -> None:
         "",
         "`locked` is one module run per task, like ping: the host-side runner takes the lock, runs the wrapped "
         "module's payload (built on the controller) in a forked child that reuses the runner's imports, and "
-        "releases. Where its extra time goes (profiled with `python3.8 -X importtime`, timers in the action, "
-        "the module and the runner, and the CPU time of each module run): on the host, importing the engine "
-        "(AnsiballZ ships sources, so it is compiled on every run; CPython's path finder even compiled each "
-        "zipped source twice, once to name its file: module_utils/_zipimport.py makes that once, 280 -> 250 ms "
-        "of CPU per locked module run against ping's 230 ms) and running the wrapped module in the forked child "
-        "(13-19 ms quiet: the payload's own AnsiballZ wrapper unpacks its zip, imports the module and runs it); "
-        "on the controller, building the wrapped module's payload (4.5 ms per task quiet, once the run's "
-        "AnsiballZ cache is warm) and sending a module three times ping's size (527 kB against 177 kB: the "
-        "payload travels base64-encoded in the arguments; compiling it costs about 4 ms more on the host). Once "
-        "per run, the first locked task builds two AnsiballZ zips (the runner's, with the engine, and the wrapped "
-        "module's): that is the 'once per run' column, left out of the per-task figure. The callback's "
+        "releases. Where its extra time went (profiled with `python3.8 -X importtime`, timers in the action, "
+        "the module and the runner, and the CPU time of each module run): on the host, compiling the engine "
+        "(AnsiballZ ships sources: about 30 ms of Python 3.8's time a run, hostlock's share of the imports 31 ms "
+        "against ansible-core's 107 ms). Since issue 23's last step the engine is compiled once per host, user and "
+        "interpreter in a run: the first locked run answers with the code its interpreter compiled "
+        "(module_utils/_zipimport.py), the controller keeps it for the rest of the run (plugin_utils/_hostcode.py) "
+        "and sends it back, and the later runs import hostlock in 4.5 ms; that took a locked ping from 1.29x to "
+        "about 1.0x. What is left: running the wrapped module in the forked child (13-19 ms quiet: the "
+        "payload's own AnsiballZ wrapper unpacks its zip, imports the module and runs it); on the controller, "
+        "building the wrapped module's payload (4.5 ms per task quiet, once the run's AnsiballZ cache is warm) "
+        "and sending a bigger module (the wrapped payload base64-encoded in the arguments, plus about 100 kB of "
+        "compressed code). Once per run, the first locked task builds two AnsiballZ zips (the runner's, with the "
+        "engine, and the wrapped module's) and compiles the engine: that is the 'once per run' column, left out "
+        "of the per-task figure. The callback's "
         "end-to-end difference is measured, but on a shared machine it drowns in the run-to-run spread; its own "
         "cost, timed in-process, is what it adds: loading the plugin and compiling the engine copy once "
         "(the collection loader keeps no .pyc), then a kernel lock taken and released per host per play.",
@@ -328,10 +331,12 @@ def main() -> None:
         "the lease's in-flight mark), and the lease is released by one short `python -I -S` run on the host that "
         "imports only the engine's own lease client (plugin_utils/_engine_call.py). Before issue 23's last step "
         "these rows paid two extra lock module runs (take and release, each about a bare task's module run: "
-        "2.09-2.20x locally, 1.93-2.15x over SSH); now they pay the runner in the first step (the engine's "
-        "import, the lease's holder, a payload twice the stat's) and the short release run. Timed in the action "
-        "while building it (local, python3.8 on the host): the first step 250-300 ms against a plain module "
-        "run's 180 ms, the heartbeat's start 6-10 ms, the release run 30-45 ms.",
+        "2.09-2.20x locally, 1.93-2.15x over SSH); now they pay the runner in the first step (the lease's holder, "
+        "a payload twice the stat's, the engine's import: compiled only on a host's first locked task) and the "
+        "short release run (which runs the kept code too, and whose lease client imports neither socket nor "
+        "hashlib). Timed in the action (local, python3.8 on the host, quiet): the first step 234-238 ms against "
+        "a plain module run's ~180 ms (250-300 ms while it compiled the engine), the heartbeat's start 7-8 ms, "
+        "the release run about 30 ms (was 30-45 ms); over SSH: the first step 265 ms, the release run 32-35 ms.",
     ]
     table = "\n".join(lines)
     print(table)
