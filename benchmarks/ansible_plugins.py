@@ -312,7 +312,7 @@ def main() -> None:
         "interpreter in a run: the first locked run answers with the code its interpreter compiled "
         "(module_utils/_zipimport.py), the controller keeps it for the rest of the run (plugin_utils/_hostcode.py) "
         "and sends it back, and the later runs import hostlock in 4.5 ms; that took a locked ping from 1.29x to "
-        "about 1.0x. What is left: running the wrapped module in the forked child (13-19 ms quiet: the "
+        "1.02-1.20x (runs of the same day). What is left: running the wrapped module in the forked child (13-19 ms quiet: the "
         "payload's own AnsiballZ wrapper unpacks its zip, imports the module and runs it); on the controller, "
         "building the wrapped module's payload (4.5 ms per task quiet, once the run's AnsiballZ cache is warm) "
         "and sending a bigger module (the wrapped payload base64-encoded in the arguments, plus about 100 kB of "
