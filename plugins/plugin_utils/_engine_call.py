@@ -35,9 +35,10 @@ _BOOT = r'''
 import sys
 from importlib.machinery import ModuleSpec
 S = D["modules"]
-Z = {"__name__": "_zipimport"}
-exec(compile(D["zipimport"], "<hostlock>/_zipimport", "exec"), Z)
-Z["preload"](D["compiled"])
+Z = {"__name__": "_zipimport", "take": lambda name: None}
+if D["compiled"]:  # compiled and checked by _zipimport only when there is code to load
+    exec(compile(D["zipimport"], "<hostlock>/_zipimport", "exec"), Z)
+    Z["preload"](D["compiled"])
 class F:
     @classmethod
     def find_spec(cls, name, path=None, target=None):

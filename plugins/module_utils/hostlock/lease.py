@@ -19,9 +19,10 @@ is built to survive everyone who can reach it (docs/security.md, "Leases"):
   its own network namespace only. A SIGKILLed holder leaves its file: the next client that finds nobody
   listening removes it (if it is that client's own or the client is root).
 - Requests and answers are proven with HMAC-SHA256 keyed by the token's secret, which never crosses the
-  socket: the holder compares the request's proof with hmac.compare_digest; the client accepts an "OK"
-  only with the holder's proof over its fresh nonce, so a process that binds the name after the holder
-  died can neither learn the secret nor fake a renewal.
+  socket: the holder compares the request's proof in constant time (channel.compare_digest, as the
+  client does the answer's); the client accepts an "OK" only with the holder's proof over its fresh
+  nonce, so a process that binds the name after the holder died can neither learn the secret nor fake
+  a renewal.
 - The holder is one non-blocking selector loop: each connection has a deadline and a size bound, every
   socket error ends only that connection, at most _MAX_CONNECTIONS idle peers are kept (the oldest are
   told BUSY and dropped; the client then retries), and nothing a peer does can block the loop.
@@ -30,7 +31,6 @@ is built to survive everyone who can reach it (docs/security.md, "Leases"):
 from __future__ import annotations
 
 import errno
-import hmac
 import os
 import sys
 import time
@@ -43,6 +43,7 @@ from .host.channel import (
     PROTOCOL,
     SOCKET_FILE,
     channel_address,
+    compare_digest,
     path_name,
     peer_uid,
     proof,
@@ -469,7 +470,7 @@ class _Channel:
         verb, name, nonce, arg, given = words[1:]
         expected = proof(self.secret, "request", " ".join(words[:5]))
         # Constant time: the comparison must not tell a guesser how much of the proof was right.
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        if not compare_digest(given.encode(), expected.encode()):
             return b"ERR wrong token\n"
         if name != self.name:  # an authentic request, for another lock: the caller mixed up its tokens
             return b"ERR wrong token: it is the lease of another lock, not of this one\n"
