@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "plugins" / "module_utils"  # the directory holding the hostlock package
 sys.path.insert(0, str(ROOT / "tests"))
+import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 import fleet_etcd  # noqa: E402 - the test fixture starts and stops the etcd member; path set up just above
 
 
@@ -45,13 +46,8 @@ def real_python() -> str:
 
 
 def make_launcher(directory: Path, python: str) -> Path:
-    path = directory / "hostlock"
-    path.write_text(
-        f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
-        "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n"
-    )
-    path.chmod(0o755)
-    return path
+    """The command as the cli role installs it (tests/cli_install.py: its launcher, the package bundled)."""
+    return cli_install.installed(directory, python, LIB)
 
 
 def pip_installed(directory: Path, python: str) -> Path:

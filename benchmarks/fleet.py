@@ -41,6 +41,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
+import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 import fleet_etcd  # noqa: E402 - the test fixtures start and stop the etcd servers; path set up just above
 
 import hostlock  # noqa: E402
@@ -188,15 +189,11 @@ def real_python() -> str:
 
 def make_launcher(directory: str, engine: str | None = None, python: str | None = None,
                   name: str = "hostlock") -> str:
-    """`hostlock` as the cli role installs it: `#!PYTHON -IS`, the library's directory, main(). `engine`: that
-    library directory instead of this checkout's; `python`: that interpreter instead of the real one's."""
-    path = os.path.join(directory, name)
+    """`hostlock` as the cli role installs it (tests/cli_install.py: the role's launcher, the package copied,
+    byte-compiled and bundled). `engine`: that library directory instead of this checkout's (an older commit's
+    has no bundle: its files are imported); `python`: that interpreter instead of the real one's."""
     engine = engine or str(HERE.parent / "plugins" / "module_utils")
-    with open(path, "w") as f:
-        f.write(f"#!{python or real_python()} -IS\nimport sys\n\nsys.path.append({engine!r})\n"
-                "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n")
-    os.chmod(path, 0o755)
-    return path
+    return str(cli_install.installed(directory, python or real_python(), engine, name))
 
 
 def engine_at(rev: str, directory: str) -> str:

@@ -7,7 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+import cli_install
 from engine_helpers import LIB as _LIB
+from engine_helpers import readable_copy
 
 ROOT = Path(__file__).resolve().parents[3]
 # A copy of the hostlock package readable by every user (engine_helpers.readable_copy): launchers run as others too.
@@ -17,14 +19,11 @@ PYTHON = os.path.realpath(sys.executable)
 
 
 def make_launcher(directory: Path, python: str = PYTHON) -> Path:
-    """Write a launcher like roles/cli/templates: `#!PYTHON -IS`, append the library dir, call main()."""
-    path = directory / "hostlock"
-    path.write_text(
-        f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
-        "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n"
-    )
-    path.chmod(0o755)
-    return path
+    """The cli role's launcher (its template, rendered) for `python`, LIB's bundle built for it: the command
+    exactly as installed. Another interpreter gets its own copy of the package in `directory` (LIB's bundle
+    is PYTHON's), bundled for it."""
+    lib = LIB if python == PYTHON else readable_copy(str(LIB))
+    return cli_install.install(directory / "hostlock", python, lib)
 
 
 def pid_alive(pid: int) -> bool:

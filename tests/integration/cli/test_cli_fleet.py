@@ -181,15 +181,18 @@ def test_a_run_refused_the_lock_never_runs_its_job_and_leaves_no_process(cli, et
 def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
     """What `hostlock run --fleet` imports, from the command's own -X importtime (its forked processes
     included): the fleet engine, never the lease code (issue 25), nor the standard library's heavier modules
-    (socket, json, re, importlib and warnings, math, threading, ctypes...). The host mechanisms (and the
-    fcntl they use) come with the policy, hostlock.api, on purpose: a process that drops its privileges after
-    importing hostlock must still take host locks (tests/integration/engine/test_hostile.py)."""
+    (socket, json, re, importlib and warnings, math, threading, ctypes...). Installed the role's way (the
+    engine from its bundle, cli/bundle.py), not the host mechanisms either, nor the fcntl and struct they use:
+    the policy imports them with itself only when its code comes from files (a process that drops its
+    privileges after importing hostlock must still take host locks, tests/integration/engine/test_hostile.py);
+    the bundle's is in memory already."""
     r = subprocess.run([PYTHON, "-I", "-S", "-X", "importtime", cli.launcher, "run", "--fleet", etcd.url,
                         "imports", "true"], capture_output=True, text=True, env=controller(cli, "a"), timeout=60,
                        check=False)
     assert r.returncode == 0, r.stderr
     loaded = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
-    assert {"hostlock.api", "hostlock.fleet.lock", "hostlock.cli.supervise"} <= loaded  # it does see them
+    assert {"_hostlock_bundle", "hostlock.api", "hostlock.fleet.lock", "hostlock.cli.supervise"} <= loaded
+    assert sorted(m for m in loaded if m.startswith("hostlock.host") or m in ("fcntl", "struct", "_struct")) == []
     heavy = {"hostlock.lease", "hostlock.core.tokens", "hostlock.host.record", "hostlock.host.channel", "socket",
              "json", "re", "base64", "enum", "ssl", "email", "http.client", "urllib.parse", "argparse", "importlib",
              "warnings", "math", "threading", "typing", "ctypes", "subprocess", "signal", "psutil"}

@@ -20,6 +20,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import cli_install
 import engine_helpers
 import fleet_etcd
 import pytest
@@ -40,12 +41,10 @@ def interpreter(version: str) -> str | None:
 
 
 def launcher(directory: Path, python: str) -> str:
-    """`#!PYTHON -IS` and the library's directory: the cli role's way, no site-packages."""
-    path = directory / ("hostlock-" + os.path.basename(python))
-    path.write_text(f"#!{python} -IS\nimport sys\n\nsys.path.append({str(LIB)!r})\n"
-                    "from hostlock.cli import main  # noqa: E402\n\nsys.exit(main())\n")
-    path.chmod(0o755)
-    return str(path)
+    """The cli role's launcher for `python` (tests/cli_install.py), on a copy of the package bundled for it
+    (a copy every user can read: a bundle serves one interpreter)."""
+    lib = engine_helpers.readable_copy(str(LIB))
+    return str(cli_install.install(directory / ("hostlock-" + os.path.basename(python)), python, lib))
 
 
 def make_pki(d: Path) -> dict:

@@ -50,6 +50,7 @@ FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _
 _WAITED = set(FORWARDED) | {_signal.SIGCHLD}
 _SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a terminal
 _PR_SET_PDEATHSIG = 1
+_NO_PRCTL = "no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job"
 DEFAULT_KILL_AFTER = 10.0
 PROCESS_GROUPS = ("auto", "new", "same")
 # Another thread's "look at job.abort() now" (see waker). Never used for alarm(): nothing here arms one.
@@ -159,10 +160,11 @@ def new_group_for(mode: str) -> bool:
 
 
 def _prctl() -> Callable[..., int] | None:
-    """libc's prctl(2) as a callable, or None; made in the parent before fork so the child only calls it.
+    """libc's prctl(2) as a callable, or None. Made before the fork when the job's process execs at once
+    (supervise: the import in the child would cost more, in copy-on-write faults, and still be waited for);
+    in the job's process when it waits at its gate anyway (start: a fleet lock's round trips hide it).
 
-    `_ctypes` directly: `import ctypes` costs ~4 ms more, and importing in the forked child costs more
-    than here (copy-on-write faults), on the path every `hostlock run` waits for.
+    `_ctypes` directly: `import ctypes` costs ~4 ms more.
     """
     try:
         import _ctypes
@@ -188,16 +190,19 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int] | None, gate: int,
-                watched: bool) -> None:
+def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], Callable[..., int] | None],
+                gate: int, watched: bool) -> None:
     """In the forked child: tie the job to hostlock's life, wait at the gate, restore signal state, exec.
-    Never returns."""
+    Never returns. `make_prctl()`: prctl(2) or None, made before the fork (supervise) or here (start)."""
     argv = job.argv
     out_fd = job.out_fd
     code = c.EX_OSERR
     try:
         if job.new_group:
             os.setpgid(0, 0)
+        prctl = make_prctl()
+        if prctl is None and job.verbose:
+            c.say(_NO_PRCTL)
         if prctl is not None:
             # With a watcher, freeze rather than die: a stopped job keeps its children attached (a dead one
             # would orphan them to init, out of the watcher's reach), and the watcher kills them all.
@@ -504,17 +509,16 @@ def start(job: Job, keep: list[Started]) -> None:
     """
     if job.lock_fds:
         raise ValueError("start(): a job with lock descriptors is started by supervise(), once the lock is held")
-    prctl = _prctl()  # here, not in the forked process: there its import would copy half our memory
-    if prctl is None and job.verbose:
-        c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
+    # prctl is made in the job's process (_prctl), not here: there it costs the copy-on-write faults of
+    # importing _ctypes (about 1 ms), but while the process waits at its gate for etcd's answers, off our path.
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)  # the processes are forked with them blocked
     try:
-        keep.append(_fork_job(job, old_mask, prctl))
+        keep.append(_fork_job(job, old_mask, _prctl))
     finally:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
 
 
-def _fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Started:
+def _fork_job(job: Job, mask: set[int], make_prctl: Callable[[], Callable[..., int] | None]) -> Started:
     """Fork the watcher (if job.watch) and the job's process, told the job's pid; `mask` is the signal mask the
     job is exec'd with. Called with _WAITED blocked: neither child may die of a signal meant for the job (the
     watcher keeps them blocked)."""
@@ -547,7 +551,7 @@ def _fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Sta
         os.close(gate_w)
         if watcher >= 0:
             os.close(watcher)  # only hostlock's death may close the watcher's pipe
-        _exec_child(job, parent, mask, prctl, gate_r, watcher >= 0)
+        _exec_child(job, parent, mask, make_prctl, gate_r, watcher >= 0)
     os.close(gate_r)
     if job.new_group:
         try:
@@ -578,11 +582,9 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
     """
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
     if started is None:
-        prctl = _prctl()
-        if prctl is None and job.verbose:
-            c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
+        prctl = _prctl()  # here: the job's process execs at once, so its import would follow our own work
         try:
-            started = _fork_job(job, old_mask, prctl)
+            started = _fork_job(job, old_mask, lambda: prctl)
         except OSError:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
             raise

@@ -1,0 +1,183 @@
+"""The `hostlock` command's bundle: the whole engine compiled into one file, for a faster start.
+
+Why: a `hostlock` run imports about 25 of the package's modules. From files, each costs a directory look-up,
+a stat, an open and a read of its own .pyc; that is about 2.5 ms of a 20 ms `hostlock run --fleet URL NAME
+true` (docs/benchmarks.md). The cli role therefore writes `_hostlock_bundle.pyc` beside the package (this
+file run as a script, by the launcher's interpreter: `python -I -S .../hostlock/cli/bundle.py LIB_DIR`), and
+the launcher imports it first. Importing it reads every module's compiled code in one go and puts a finder
+before the path finder that serves the `hostlock` modules from memory: each is unmarshalled and run only
+when imported, as from its own file.
+
+Rules (docs/security.md):
+- The bundle is a plain sourceless .pyc, so Python itself refuses another interpreter's (bad magic number)
+  and the launcher then imports the sources as before.
+- It is used only while every source it was built from is unchanged (size and mtime, as a .pyc is checked):
+  a package upgraded, or a module edited, without a new bundle means the sources are imported instead.
+- It serves only the `hostlock` package, and only the modules it has: any other name goes to the usual
+  finders. It lives in the library directory, which is trusted as a whole like the sources beside it.
+- Code served from it is already in memory: an import that comes later (the host mechanisms a fleet-only
+  command never loads, hostlock.api) reads no file, so it cannot fail after a privilege change or pick up
+  an engine replaced in the meantime.
+
+Standard library only and no relative import: the role runs this file directly.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import sys
+
+NAME = "_hostlock_bundle"  # the module the launcher imports; the file is NAME + ".pyc" in the library directory
+PACKAGE = "hostlock"
+_TABLE = "@hostlock-bundle-table@"  # replaced in the bundle's code by the table of modules (build())
+
+# The bundle module's own code, compiled by build() with _TABLE's constant replaced. It names nothing from
+# this package (it runs before the package exists) and imports only built-in modules (marshal, posix).
+_BOOT = '''\
+import marshal as _marshal
+import posix as _posix
+import sys as _sys
+
+_ModuleSpec = type(__spec__)
+_LIB = __file__.rpartition("/")[0]
+
+
+class BundleFinder:
+    """Specs and code of the hostlock modules in the bundle; None (the usual finders) for anything else."""
+
+    IN_MEMORY = True  # hostlock.api: code served from here needs no file later
+
+    def __init__(self, modules):
+        self.modules = modules  # name -> (is_package, source path, marshalled code)
+
+    def find_spec(self, name, path=None, target=None):
+        entry = self.modules.get(name)
+        if entry is None:
+            return None
+        spec = _ModuleSpec(name, self, origin=entry[1], is_package=entry[0])
+        spec.has_location = True  # __file__ is the source, as for a module imported from it
+        if entry[0]:
+            spec.submodule_search_locations = [entry[1].rpartition("/")[0]]
+        return spec
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(_marshal.loads(self.modules[module.__spec__.name][2]), module.__dict__)
+
+
+def _fresh(table):
+    """name -> entry when every source is as the bundle was built from it; None (use the sources) if not."""
+    modules = {}
+    for name, package, rel, mtime_ns, size, code in table:
+        path = _LIB + "/" + rel
+        try:
+            st = _posix.stat(path)
+        except OSError:
+            return None
+        if st.st_mtime_ns != mtime_ns or st.st_size != size:
+            return None
+        modules[name] = (package, path, code)
+    return modules
+
+
+def _install(table):
+    if "hostlock" in _sys.modules:
+        return False  # too late: the package came from somewhere else; never mix two copies
+    modules = _fresh(table)
+    if modules is None:
+        return False
+    finder = BundleFinder(modules)
+    at = next((i for i, f in enumerate(_sys.meta_path) if getattr(f, "__name__", "") == "PathFinder"),
+              len(_sys.meta_path))
+    _sys.meta_path.insert(at, finder)
+    return True
+
+
+INSTALLED = _install("@hostlock-bundle-table@")
+'''
+
+
+def _table(lib: str) -> tuple:
+    """(name, is_package, path relative to lib, mtime_ns, size, marshalled code) of every module of lib's
+    package, sorted by name: the same sources give the same bundle, byte for byte."""
+    top = os.path.join(lib, PACKAGE)
+    rows = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for filename in sorted(filenames):
+            if not filename.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, filename)
+            rel = os.path.relpath(path, lib)
+            parts = rel[:-3].split(os.sep)
+            package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if package else parts)
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                source = f.read()
+            code = compile(source, path, "exec", dont_inherit=True)
+            rows.append((name, package, rel.replace(os.sep, "/"), st.st_mtime_ns, st.st_size, marshal.dumps(code)))
+    if not any(r[0] == PACKAGE for r in rows):
+        raise FileNotFoundError("no %s package in %s" % (PACKAGE, lib))
+    rows.sort()
+    return tuple(rows)
+
+
+def build(lib: str) -> bytes:
+    """The bytes of LIB/_hostlock_bundle.pyc for this interpreter, from the package in `lib`."""
+    from importlib.util import MAGIC_NUMBER
+
+    boot = compile(_BOOT, os.path.join(lib, NAME + ".py"), "exec", dont_inherit=True)
+    table = _table(lib)
+    consts = tuple(table if c == _TABLE else c for c in boot.co_consts)
+    if consts == boot.co_consts:
+        raise AssertionError("the bundle's code has no table to fill")  # a broken _BOOT: never ship it
+    # A sourceless .pyc (PEP 552 header: magic, flags 0, then a timestamp and size nobody checks).
+    return MAGIC_NUMBER + bytes(12) + marshal.dumps(boot.replace(co_consts=consts))
+
+
+def write(lib: str) -> bool:
+    """Write LIB/_hostlock_bundle.pyc (mode 0644, atomically); False when it was already that, byte for byte."""
+    data = build(lib)
+    path = os.path.join(lib, NAME + ".pyc")
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return False
+    except FileNotFoundError:
+        pass
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), 0o644)  # whatever the umask
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return True
+
+
+def main(argv: list[str]) -> int:
+    """`python -I -S bundle.py LIB_DIR`: prints "wrote PATH" when the bundle changed (the role's
+    changed_when); exit 64 for bad usage, 1 (one line, no traceback) when it cannot be built."""
+    if len(argv) != 1 or argv[0].startswith("-"):
+        sys.stderr.write("usage: python -I -S bundle.py LIB_DIR (the directory that holds the hostlock package)\n")
+        return 64
+    lib = os.path.abspath(argv[0])
+    try:
+        changed = write(lib)
+    except (OSError, SyntaxError, ValueError) as e:
+        sys.stderr.write("hostlock bundle: cannot write %s: %s\n" % (os.path.join(lib, NAME + ".pyc"), e))
+        return 1
+    if changed:
+        sys.stdout.write("wrote %s\n" % os.path.join(lib, NAME + ".pyc"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
