@@ -556,14 +556,16 @@ NOTES = [
     "cycle: it is the tool users would script otherwise, not a floor. Other work on this shared machine "
     "inflates every row; compare ratios.",
     "",
-    "`hostlock run --fleet URL NAME true` is a whole process, started as the cli role starts it (a `#!PYTHON "
-    "-IS` launcher): the interpreter's own start (`python3 -I -S -c pass`) and `os`, the imports (the fleet "
-    "engine, the policy with the host mechanisms, and the command line: no lease code, `threading`, "
+    "`hostlock run --fleet URL NAME true` is a whole process, installed and started as the cli role does "
+    "(tests/cli_install.py: the role's `#!PYTHON -IS` launcher, the package byte-compiled and bundled): the "
+    "interpreter's own start (`python3 -I -S -c pass`) and `os`, the bundle's one read, the imports (the fleet "
+    "engine, the policy and the command line: no host mechanism, no lease code, `threading`, "
     "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
     "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), three round trips like "
     "`etcdctl lock`'s (lease grant, the queue transaction, the revoke; etcdctl's third is a delete), the "
     "watcher and the job's process forked while etcd grants the lease (the job's pid goes into the record the "
-    "queue transaction writes), and the job's exec. The Go client starts in about the time CPython does "
+    "queue transaction writes; the job's process makes its prctl while it waits at its gate), and the job's "
+    "exec. The Go client starts in about the time CPython does "
     "nothing; the 'with' row is the same engine on another interpreter (a distribution's python3, its "
     "extension modules built in, no shared libpython to relocate).",
 ]

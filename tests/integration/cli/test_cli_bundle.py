@@ -138,14 +138,15 @@ def test_building_twice_writes_once_the_same_bytes(lib):
 
 
 USAGE = "usage: python -I -S bundle.py LIB_DIR (the directory that holds the hostlock package)"
+NO_PACKAGE = ("hostlock bundle: cannot write /nonexistent-dir/_hostlock_bundle.pyc: "
+              "no hostlock package in /nonexistent-dir")
 
 
 @pytest.mark.parametrize("args, code, says", [
     ([], 64, USAGE),
     (["a", "b"], 64, USAGE),
     (["--help"], 64, USAGE),
-    (["/nonexistent-dir"], 1, "hostlock bundle: cannot write /nonexistent-dir/_hostlock_bundle.pyc: no hostlock "
-                               "package in /nonexistent-dir"),
+    (["/nonexistent-dir"], 1, NO_PACKAGE),
 ])
 def test_the_script_fails_in_one_line(args, code, says):
     script = bundle.__file__

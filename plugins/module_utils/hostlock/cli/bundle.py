@@ -179,5 +179,5 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+if __name__ == "__main__":  # not when merely imported (e.g. by ansible-test's import sanity test)
+    raise SystemExit(main(sys.argv[1:]))
