@@ -3,7 +3,12 @@
 rule of which key a waiter watches (a release wakes only the waiter it admits) beside `blockers`.
 
 The lease is really revoked in etcd, by etcdctl, in the instant between the grant and the put (a hook on the
-client's grant answer), as an outage or a paused process would have let it expire.
+client's grant answer, or, with the put pipelined behind the grant, on the put's building once etcd lists
+the lease), as an outage or a paused process would have let it expire.
+
+The grant and the queue transaction go in one round trip (Client.pipelined); each test that hooks the grant
+runs both ways: `pipelined` as it is, and `sequential` (pipelined() answering nothing, as when its connection
+fails before a byte: every request then goes through Client.call, today's path).
 """
 
 from __future__ import annotations
@@ -11,12 +16,25 @@ from __future__ import annotations
 import pytest
 
 import hostlock
+from hostlock.fleet import etcd as _etcd
 from hostlock.fleet import lock as _etcd_lock
 
 
-def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch):
+@pytest.fixture(params=["pipelined", "sequential"])
+def way(request, monkeypatch):
+    if request.param == "sequential":
+        monkeypatch.setattr(_etcd.Client, "pipelined", lambda self, *a, **kw: (None, None))
+    return request.param
+
+
+def _lease_listed(etcd, lid: int) -> bool:
+    return "%x" % lid in etcd.etcdctl("lease", "list").stdout.split()
+
+
+def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch, way):
     revoked = []
     real_call = _etcd_lock.Client.call
+    real_pipelined = _etcd.Client.pipelined
 
     def call(self, path, body, deadline, *a, **kw):
         reply = real_call(self, path, body, deadline, *a, **kw)
@@ -25,7 +43,22 @@ def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch):
             assert etcd.etcdctl("lease", "revoke", "%x" % revoked[0]).returncode == 0
         return reply
 
+    def pipelined(self, path, body, then, *a, **kw):
+        def revoke_then():
+            if not revoked:
+                lid = int(body["ID"])
+                for _i in range(1000):  # the grant is on its way: revoke it once etcd has made it (an event)
+                    if _lease_listed(etcd, lid):
+                        break
+                revoked.append(lid)
+                assert etcd.etcdctl("lease", "revoke", "%x" % lid).returncode == 0
+            return then()
+
+        return real_pipelined(self, path, body, revoke_then, *a, **kw)
+
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
+    if way == "pipelined":
+        monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)
     try:
@@ -61,12 +94,21 @@ def test_a_waiter_watches_only_the_key_that_can_admit_it(queue, watched):
 
 
 @pytest.mark.parametrize("after", ["lease/grant", "kv/txn", "lease/revoke"])
-def test_a_hold_interrupted_before_its_token_is_returned_leaves_no_lease(etcd, monkeypatch, after):
+def test_a_hold_interrupted_before_its_token_is_returned_leaves_no_lease(etcd, monkeypatch, after, way):
     """hold() interrupted (a signal's exception: `hostlock hold` unwinds on SIGTERM) while it moves its key
     onto the --lease lease: after the grant of that lease, after the move, or during the old lease's revoke.
     Nobody has the token, so nothing may stay: neither lease, nor the key (it would hold the lock 5 min)."""
     calls = []
     real_call = _etcd_lock.Client.call
+    real_pipelined = _etcd.Client.pipelined
+
+    def pipelined(self, path, body, then, *a, **kw):
+        got = real_pipelined(self, path, body, then, *a, **kw)
+        calls.extend(p for p, reply in zip((path, "kv/txn"), got, strict=True) if reply is not None)
+        return got
+
+    if way == "pipelined":
+        monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
 
     def call(self, path, body, deadline, *a, **kw):
         reply = real_call(self, path, body, deadline, *a, **kw)
@@ -86,10 +128,12 @@ def test_a_hold_interrupted_before_its_token_is_returned_leaves_no_lease(etcd, m
     assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
 
 
-def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, monkeypatch):
+def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, monkeypatch, way):
     """The grant's answer arrives and the signal's exception comes before the caller has read the lease's id:
-    the id was chosen before the request (_etcd_lock.grant), so the unwinding wait still revokes it."""
+    the id was chosen before the request (_etcd_lock.grant), so the unwinding wait still revokes it (and with
+    it our key, when the queue transaction went right behind the grant)."""
     real_call = _etcd_lock.Client.call
+    real_pipelined = _etcd.Client.pipelined
 
     def call(self, path, body, deadline, *a, **kw):
         reply = real_call(self, path, body, deadline, *a, **kw)
@@ -97,8 +141,66 @@ def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, mon
             raise KeyboardInterrupt
         return reply
 
+    def interrupted(reply):
+        raise KeyboardInterrupt
+
+    def pipelined(self, path, body, then, deadline, sent, meanwhile=None, between=None):
+        return real_pipelined(self, path, body, then, deadline, sent, meanwhile, interrupted)
+
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
+    if way == "pipelined":
+        monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
     with pytest.raises(KeyboardInterrupt):
         hostlock.Lock("deploy", fleet=etcd.url).acquire(timeout=30)
     monkeypatch.undo()
+    assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
+    assert etcd.etcdctl("get", "--prefix", "hostlock/", "--keys-only").stdout.split() == []
+
+
+def test_the_grant_and_the_queue_are_one_round_trip(etcd, monkeypatch):
+    """A fresh process's uncontended acquire: the grant and the queue transaction are written back to back on
+    one connection, before either answer is read (etcd answers them in order); Client.call sends neither."""
+    order = []
+    real_send, real_answer = _etcd._Conn.send, _etcd._Conn.answer
+    monkeypatch.setattr(_etcd._Conn, "send", lambda self, req, *a: (order.append(req.split(b" ")[1]),
+                                                                      real_send(self, req, *a))[1])
+    monkeypatch.setattr(_etcd._Conn, "answer", lambda self, *a: (order.append(b"answer"), real_answer(self, *a))[1])
+    lock = hostlock.Lock("deploy", fleet=etcd.url)
+    lock.acquire(timeout=30)
+    try:
+        assert order[:4] == [b"/v3/lease/grant", b"/v3/kv/txn", b"answer", b"answer"]
+        keys = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()
+        assert keys == ["hostlock/deploy/%x" % lock._held.lease]
+    finally:
+        lock.release()
+    assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
+
+
+@pytest.mark.parametrize("broken", [1, 2])
+def test_a_pipeline_broken_after_its_requests_falls_back_to_one_request_at_a_time(etcd, monkeypatch, broken):
+    """The connection breaks as the grant's answer (1) or the queue's (2) is read, after both were sent and
+    etcd acted on both: the grant is asked again for the same id (LEASE_EXISTS: that lease, our key with it,
+    is revoked and another granted, as after any lost answer), or the queue transaction is sent again (its
+    compare finds our key, its range reads the queue). Either way one key, on the lease we keep, and no lease
+    left behind."""
+    seen = []
+    real_answer = _etcd._Conn.answer
+
+    def answer(self, end):
+        seen.append(1)
+        if len(seen) == broken:
+            real_answer(self, end)  # etcd acted and answered; the answer is lost on the way
+            raise ConnectionResetError("cut")
+        return real_answer(self, end)
+
+    monkeypatch.setattr(_etcd._Conn, "answer", answer)
+    lock = hostlock.Lock("deploy", fleet=etcd.url)
+    lock.acquire(timeout=30)
+    try:
+        keys = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()
+        assert keys == ["hostlock/deploy/%x" % lock._held.lease]
+        listed = etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split()
+        assert [int(lid, 16) for lid in listed] == [lock._held.lease]
+    finally:
+        lock.release()
     assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
