@@ -204,3 +204,31 @@ def test_a_pipeline_broken_after_its_requests_falls_back_to_one_request_at_a_tim
     finally:
         lock.release()
     assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
+
+
+def test_a_stopped_first_member_costs_the_pipeline_one_attempt_not_two(etcd_cluster, monkeypatch):
+    """The URL's first member is stopped (SIGSTOP: it accepts connections and never answers): the pipelined
+    grant times out there, and the one-at-a-time path that follows asks the next member first, as call() does
+    after a failure, instead of waiting on the stopped one a second time."""
+    leader = etcd_cluster.leader()
+    stopped = next(m for m in etcd_cluster.members if m is not leader)
+    order = [stopped] + [m for m in etcd_cluster.members if m is not stopped]
+    url = "etcd://" + ",".join(m.endpoint for m in order)
+    opened = []
+    real_open = _etcd.Client._open
+
+    def _open(self, i, timeout):
+        opened.append(i)
+        return real_open(self, i, timeout)
+
+    monkeypatch.setattr(_etcd.Client, "_open", _open)
+    stopped.pause()
+    try:
+        lock = hostlock.Lock("deploy", fleet=url)
+        lock.acquire(timeout=30)
+        try:
+            assert opened.count(0) == 1 and lock.locked, opened
+        finally:
+            lock.release()
+    finally:
+        stopped.resume()

@@ -405,8 +405,11 @@ class Client:
         Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
         then does that request (and the second, when the first is None) with call(), whose retries, errors and
         messages are the only ones a caller sees. Network failures give None too: nothing is raised but
-        what `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials)."""
-        i = self._next % len(self.endpoints)
+        what `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the
+        member that failed is then asked last, as call() asks the next after a failure (a member that hangs
+        costs one attempt's time, not two)."""
+        n = len(self.endpoints)
+        i = self._next % n
         timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
         end = monotonic() + timeout
         first = second = None
@@ -415,6 +418,7 @@ class Client:
                 self._authenticate(i, deadline)
             conn, _reused = self._conn(i, timeout)
         except (_Retry, OSError):
+            self._next = (i + 1) % n
             return None, None
         try:
             payload = dumps(body).encode("utf-8")
@@ -423,6 +427,7 @@ class Client:
             conn.send(self._head(i, "/v3/" + path, len(payload)) + payload, timeout)
         except OSError:
             conn.close()
+            self._next = (i + 1) % n
             return None, None
         try:
             if meanwhile is not None:
@@ -438,6 +443,7 @@ class Client:
                 second, close = self._clean(*conn.answer(end))
         except OSError:
             conn.close()
+            self._next = (i + 1) % n
             return first, None
         except BaseException:
             conn.close()
