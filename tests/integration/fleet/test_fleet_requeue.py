@@ -13,6 +13,10 @@ fails before a byte: every request then goes through Client.call, today's path).
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 
 import hostlock
@@ -232,3 +236,27 @@ def test_a_stopped_first_member_costs_the_pipeline_one_attempt_not_two(etcd_clus
             lock.release()
     finally:
         stopped.resume()
+
+
+def test_a_grant_answered_with_connection_close_still_starts_the_session(monkeypatch):
+    """A member that ends the connection after the grant's answer (Connection: close): the lease is ours all the
+    same (`between` runs: join starts its session), and the queue transaction is left to call() (None)."""
+    from hostlock.fleet import url as _url
+
+    grant = b'{"ID":"7","TTL":"10"}'
+    a, b = socket.socketpair()
+
+    def peer() -> None:
+        with b:
+            data = b""
+            while data.count(b"\r\n\r\n") < 2:  # both requests came, back to back, before any answer
+                data += b.recv(4096)
+            b.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(grant), grant))
+
+    threading.Thread(target=peer, daemon=True).start()
+    client = _etcd.Client(_url.parse("etcd://127.0.0.1:9"))
+    monkeypatch.setattr(client, "_conn", lambda i, timeout: (_etcd._Conn(a), False))
+    started = []
+    first, second = client.pipelined("lease/grant", {"ID": "7", "TTL": 10}, lambda: ("kv/txn", {}),
+                                     time.monotonic() + 30, [], None, started.append)
+    assert (first, second, started) == ({"ID": "7", "TTL": "10"}, None, [{"ID": "7", "TTL": "10"}])

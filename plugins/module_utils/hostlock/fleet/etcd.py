@@ -436,11 +436,28 @@ class Client:
             payload = dumps(body2).encode("utf-8")
             conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
             first, close = self._clean(*conn.answer(end))
-            if first is not None and not close:
-                self._next = i
-                if between is not None:
-                    between(first)
-                second, close = self._clean(*conn.answer(end))
+        except OSError:
+            conn.close()
+            self._next = (i + 1) % n
+            return None, None
+        except BaseException:
+            conn.close()
+            raise
+        if first is None:
+            conn.close()
+            return None, None
+        self._next = i
+        if between is not None:
+            try:
+                between(first)  # outside the network's try: what it raises is the caller's, never a member's
+            except BaseException:
+                conn.close()
+                raise
+        if close:
+            conn.close()
+            return first, None
+        try:
+            second, close = self._clean(*conn.answer(end))
         except OSError:
             conn.close()
             self._next = (i + 1) % n
