@@ -113,8 +113,8 @@ def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_fi
     real_send, real_answer = _etcd._Conn.send, _etcd._Conn.answer
 
     def send(conn, request, timeout):
-        sent.append(request.split(b" ", 2)[1].decode())
-        return real_send(conn, request, timeout)
+        real_send(conn, request, timeout)
+        sent.append(request.split(b" ", 2)[1].decode())  # written in full: sendall returned
 
     def answer(conn, end):
         answered.append(len(sent))
@@ -132,7 +132,7 @@ def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_fi
 
     lock.acquire(meanwhile=meanwhile)
     try:
-        # once: the grant was sent, no answer read yet, the queue transaction not yet sent
+        # once: the grant was written in full, no answer read yet, the queue transaction not yet sent
         assert seen == [(["/v3/lease/grant"], 0)]
         [(version, value)] = _versions(etcd)
         assert version == 1 and b"|jpid=12345|" in value and b"|jcmd=backup --all" in value

@@ -3,8 +3,8 @@
 rule of which key a waiter watches (a release wakes only the waiter it admits) beside `blockers`.
 
 The lease is really revoked in etcd, by etcdctl, in the instant between the grant and the put (a hook on the
-client's grant answer, or, with the put pipelined behind the grant, on the put's building once etcd lists
-the lease), as an outage or a paused process would have let it expire.
+client's grant answer, or, with the put pipelined behind the grant, on the put's building once etcd has
+answered the grant), as an outage or a paused process would have let it expire.
 
 The grant and the queue transaction go in one round trip (Client.pipelined); each test that hooks the grant
 runs both ways: `pipelined` as it is, and `sequential` (pipelined() answering nothing, as when its connection
@@ -13,6 +13,7 @@ fails before a byte: every request then goes through Client.call, today's path).
 
 from __future__ import annotations
 
+import select
 import socket
 import threading
 import time
@@ -31,37 +32,48 @@ def way(request, monkeypatch):
     return request.param
 
 
-def _lease_listed(etcd, lid: int) -> bool:
-    return "%x" % lid in etcd.etcdctl("lease", "list").stdout.split()
+def _revoke(etcd, lid: int) -> None:
+    r = etcd.etcdctl("lease", "revoke", "%x" % lid)
+    assert r.returncode == 0, r.stderr
 
 
 def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch, way):
     revoked = []
     real_call = _etcd_lock.Client.call
     real_pipelined = _etcd.Client.pipelined
+    real_send = _etcd._Conn.send
+    grants = []  # the connection the pipelined grant went on, once written in full
 
     def call(self, path, body, deadline, *a, **kw):
         reply = real_call(self, path, body, deadline, *a, **kw)
         if path == "lease/grant" and not revoked:
             revoked.append(int(reply["ID"]))
-            assert etcd.etcdctl("lease", "revoke", "%x" % revoked[0]).returncode == 0
+            _revoke(etcd, revoked[0])
         return reply
+
+    def send(conn, request, timeout):
+        real_send(conn, request, timeout)
+        if request.startswith(b"POST /v3/lease/grant "):
+            grants.append(conn)
 
     def pipelined(self, path, body, then, *a, **kw):
         def revoke_then():
             if not revoked:
-                lid = int(body["ID"])
-                for _i in range(1000):  # the grant is on its way: revoke it once etcd has made it (an event)
-                    if _lease_listed(etcd, lid):
-                        break
-                revoked.append(lid)
-                assert etcd.etcdctl("lease", "revoke", "%x" % lid).returncode == 0
+                # pipelined() wrote the grant in full before `meanwhile`, and so before this: the next bytes on its
+                # connection are the grant's answer, which etcd sends once the lease exists. Readable is that
+                # event (observed, not consumed: pipelined() reads the answer itself); the bound only ends a hang.
+                assert len(grants) == 1, "then() ran before the grant was written in full"
+                readable, _w, _x = select.select([grants[0].sock], [], [], 30)
+                assert readable, "etcd did not answer the pipelined grant"
+                revoked.append(int(body["ID"]))
+                _revoke(etcd, revoked[0])
             return then()
 
         return real_pipelined(self, path, body, revoke_then, *a, **kw)
 
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
     if way == "pipelined":
+        monkeypatch.setattr(_etcd._Conn, "send", send)
         monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)

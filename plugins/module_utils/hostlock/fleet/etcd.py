@@ -397,10 +397,12 @@ class Client:
                   between: Callable[[dict], None] | None = None) -> tuple[dict | None, dict | None]:
         """Two requests in one round trip, on one connection to the member asked first: POST `body` to
         /v3/`path`, run `meanwhile()`, then write the request `then()` builds (path, body) right behind it,
-        without waiting for the first's answer. etcd's gateway (Go's net/http) serves a connection's requests
-        one after the other and answers them in order: the second is handled once the first is done, as if
-        sent after its answer. `between(reply)` runs once the first is answered, while the second's answer is
-        on its way. `sent[0]` is the boottime() at which the first was sent.
+        without waiting for the first's answer. `meanwhile` and `then` run only once the first request is
+        written in full (sendall returned: it is on its way, and its answer is the next thing the connection
+        reads); when it could not be written, neither runs here. etcd's gateway (Go's net/http) serves a
+        connection's requests one after the other and answers them in order: the second is handled once the
+        first is done, as if sent after its answer. `between(reply)` runs once the first is answered, while the
+        second's answer is on its way. `sent[0]` is the boottime() at which the first was sent.
 
         Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
         then does that request (and the second, when the first is None) with call(), whose retries, errors and
