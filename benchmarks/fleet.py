@@ -544,8 +544,11 @@ def section(targets: list[Target], cfg: Config, command: str, load: tuple[str, s
 
 NOTES = [
     "What the time goes to. An uncontended hostlock cycle is, on the calling thread, a lease grant, one "
-    "transaction (create our key if absent + read the queue) and a lease revoke: the three round trips of the"
-    " lease lock floor, plus starting the keep-alive thread (which opens a watch on our own key 0.1 s after "
+    "transaction (create our key if absent + read the queue) and a lease revoke: the three requests of the "
+    "lease lock floor, the first two written back to back on one connection when the process has no lease yet "
+    "(etcd answers them in order: one round trip for both; a process that holds another lock on its lease "
+    "already sends the transaction alone), plus starting "
+    "the keep-alive thread (which opens a watch on our own key 0.1 s after "
     "the key was made, so a shorter cycle opens none) and telling it to stop. The locks one process holds share "
     "one lease (one grant for the first, one revoke at the last release). A handoff is the holder's release "
     "(the revoke) and etcd's watch event to the waiter, which "
@@ -561,11 +564,11 @@ NOTES = [
     "interpreter's own start (`python3 -I -S -c pass`) and `os`, the bundle's one read, the imports (the fleet "
     "engine, the policy and the command line: no host mechanism, no lease code, `threading`, "
     "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
-    "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), three round trips like "
-    "`etcdctl lock`'s (lease grant, the queue transaction, the revoke; etcdctl's third is a delete), the "
-    "watcher and the job's process forked while etcd grants the lease (the job's pid goes into the record the "
-    "queue transaction writes; the job's process makes its prctl while it waits at its gate), and the job's "
-    "exec. The Go client starts in about the time CPython does "
+    "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), two round trips where "
+    "`etcdctl lock` takes three (the lease grant with the queue transaction written right behind it, then the "
+    "revoke), the watcher and the job's process forked while the grant is on its way, before the queue "
+    "transaction is written (the job's pid goes into the record it writes; the job's process makes its prctl "
+    "while it waits at its gate), and the job's exec. The Go client starts in about the time CPython does "
     "nothing; the 'with' row is the same engine on another interpreter (a distribution's python3, its "
     "extension modules built in, no shared libpython to relocate).",
 ]

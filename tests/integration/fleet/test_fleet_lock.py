@@ -98,30 +98,42 @@ def _versions(etcd, prefix: str = "hostlock/") -> list:
     return [(kv["version"], base64.b64decode(kv["value"])) for kv in json.loads(r.stdout).get("kvs", [])]
 
 
-def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_first_record(etcd, monkeypatch):
+@pytest.mark.parametrize("way", ["pipelined", "sequential"])
+def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_first_record(etcd, monkeypatch, way):
     """Lock.acquire(meanwhile=...) on a fleet lock: run once, after the lease's grant was sent and before its
     answer is read (where `hostlock run --fleet` forks its job); the queue transaction that follows writes
-    what it told update_record(): the key is written once (version 1), naming the job."""
+    what it told update_record(): the key is written once (version 1), naming the job. The same when the queue
+    transaction goes right behind the grant (pipelined, written after `meanwhile`) and when the requests go
+    one at a time (sequential: pipelined() failed before sending a byte)."""
     from hostlock.fleet import etcd as _etcd
 
     lock = hostlock.Lock("mw", fleet=etcd.url)
     sent = []
-    real = _etcd._Conn.exchange
+    answered = []
+    real_send, real_answer = _etcd._Conn.send, _etcd._Conn.answer
 
-    def exchange(conn, request, timeout, meanwhile=None):
-        sent.append(request.split(b" ", 2)[1].decode())
-        return real(conn, request, timeout, meanwhile)
+    def send(conn, request, timeout):
+        real_send(conn, request, timeout)
+        sent.append(request.split(b" ", 2)[1].decode())  # written in full: sendall returned
 
-    monkeypatch.setattr(_etcd._Conn, "exchange", exchange)
+    def answer(conn, end):
+        answered.append(len(sent))
+        return real_answer(conn, end)
+
+    monkeypatch.setattr(_etcd._Conn, "send", send)
+    monkeypatch.setattr(_etcd._Conn, "answer", answer)
+    if way == "sequential":
+        monkeypatch.setattr(_etcd.Client, "pipelined", lambda self, *a, **kw: (None, None))
     seen = []
 
     def meanwhile():
-        seen.append(list(sent))
+        seen.append((list(sent), len(answered)))
         lock.update_record(job_pid=12345, job_cmdline="backup --all")
 
     lock.acquire(meanwhile=meanwhile)
     try:
-        assert seen == [["/v3/lease/grant"]]  # once: the grant was sent, the queue transaction was not
+        # once: the grant was written in full, no answer read yet, the queue transaction not yet sent
+        assert seen == [(["/v3/lease/grant"], 0)]
         [(version, value)] = _versions(etcd)
         assert version == 1 and b"|jpid=12345|" in value and b"|jcmd=backup --all" in value
         assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [12345]

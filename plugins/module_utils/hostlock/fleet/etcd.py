@@ -392,6 +392,98 @@ class Client:
             time.sleep(min(delay, left))  # every member failed just now: back off before the next round
             delay = min(delay * 2, 0.5)
 
+    def pipelined(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
+                  meanwhile: Callable[[], None] | None = None,
+                  between: Callable[[dict], None] | None = None) -> tuple[dict | None, dict | None]:
+        """Two requests in one round trip, on one connection to the member asked first: POST `body` to
+        /v3/`path`, run `meanwhile()`, then write the request `then()` builds (path, body) right behind it,
+        without waiting for the first's answer. `meanwhile` and `then` run only once the first request is
+        written in full (sendall returned: it is on its way, and its answer is the next thing the connection
+        reads); when it could not be written, neither runs here. etcd's gateway (Go's net/http) serves a
+        connection's requests one after the other and answers them in order: the second is handled once the
+        first is done, as if sent after its answer. `between(reply)` runs once the first is answered, while the
+        second's answer is on its way. `sent[0]` is the boottime() at which the first was sent.
+
+        Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
+        then does that request (and the second, when the first is None) with call(), whose retries, errors and
+        messages are the only ones a caller sees. Network failures give None too: nothing is raised but
+        what `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the
+        member that failed is then asked last, as call() asks the next after a failure (a member that hangs
+        costs one attempt's time, not two)."""
+        n = len(self.endpoints)
+        i = self._next % n
+        timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
+        end = monotonic() + timeout
+        first = second = None
+        try:
+            if self.url.user and self._token is None:
+                self._authenticate(i, deadline)
+            conn, _reused = self._conn(i, timeout)
+        except (_Retry, OSError):
+            self._next = (i + 1) % n
+            return None, None
+        try:
+            payload = dumps(body).encode("utf-8")
+            sent[:] = [boottime()]
+            conn.buf = b""
+            conn.send(self._head(i, "/v3/" + path, len(payload)) + payload, timeout)
+        except OSError:
+            conn.close()
+            self._next = (i + 1) % n
+            return None, None
+        try:
+            if meanwhile is not None:
+                meanwhile()
+            path2, body2 = then()
+            payload = dumps(body2).encode("utf-8")
+            conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
+            first, close = self._clean(*conn.answer(end))
+        except OSError:
+            conn.close()
+            self._next = (i + 1) % n
+            return None, None
+        except BaseException:
+            conn.close()
+            raise
+        if first is None:
+            conn.close()
+            return None, None
+        self._next = i
+        if between is not None:
+            try:
+                between(first)  # outside the network's try: what it raises is the caller's, never a member's
+            except BaseException:
+                conn.close()
+                raise
+        if close:
+            conn.close()
+            return first, None
+        try:
+            second, close = self._clean(*conn.answer(end))
+        except OSError:
+            conn.close()
+            self._next = (i + 1) % n
+            return first, None
+        except BaseException:
+            conn.close()
+            raise
+        if close or second is None:
+            conn.close()
+        else:
+            self._keep(i, conn)
+        return first, second
+
+    @staticmethod
+    def _clean(status: int, data: bytes, close: bool) -> tuple[dict | None, bool]:
+        """A pipelined answer: (its JSON, whether the connection ends) when it is a success, else (None, True)."""
+        try:
+            reply = loads(data.decode("utf-8")) if data else {}
+        except ValueError:
+            return None, True
+        if status != 200 or not isinstance(reply, dict) or _code(reply) is not None:
+            return None, True
+        return reply, close
+
     def _unavailable(self, why: str) -> FleetUnavailable:
         return FleetUnavailable("fleet %s: %s" % (self.url.members, why), endpoints=self.url.members)
 
@@ -506,11 +598,19 @@ class _Conn:
         """Send one request, read its answer: (status, body, whether the connection must be closed).
         `meanwhile()` runs between the two (see Client.call)."""
         end = monotonic() + timeout
-        self.sock.settimeout(timeout)
-        self.sock.sendall(request)
+        self.buf = b""
+        self.send(request, timeout)
         if meanwhile is not None:
             meanwhile()
-        self.buf = b""
+        return self.answer(end)
+
+    def send(self, request: bytes, timeout: float) -> None:
+        self.sock.settimeout(timeout)
+        self.sock.sendall(request)
+
+    def answer(self, end: float) -> tuple[int, bytes, bool]:
+        """Read the next answer (monotonic deadline `end`): (status, body, whether the connection must be
+        closed). What follows it (a pipelined request's answer) stays in buf."""
         while True:
             while b"\r\n\r\n" not in self.buf:
                 more = self._more(end, bool(self.buf))

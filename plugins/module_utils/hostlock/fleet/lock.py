@@ -114,19 +114,28 @@ def waits_on(entries: list, i: int) -> tuple:
 LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
 
 
+def lease_id() -> int:
+    return (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
+
+
+def _grant_body(ttl: float, lid: int) -> dict:
+    # -(-x // 1): ceil(x) without `math` (a shared library on many builds: one dlopen less at start)
+    return {"TTL": max(1, int(-(-ttl // 1))), "ID": str(lid)}
+
+
 def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None,
-          meanwhile: Callable[[], None] | None = None) -> dict:
+          meanwhile: Callable[[], None] | None = None, lid: int | None = None) -> dict:
     """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
     interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
     revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL.
-    `meanwhile`: see Client.call."""
+    `lid`: the id to ask for first (in `ids` already: a pipelined grant whose answer was not seen, asked
+    again as call() asks again after a lost answer). `meanwhile`: see Client.call."""
     while True:
-        lid = (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
-        ids.append(lid)
+        if lid is None:
+            lid = lease_id()
+            ids.append(lid)
         try:
-            # -(-x // 1): ceil(x) without `math` (a shared library on many builds: one dlopen less at start)
-            return client.call("lease/grant", {"TTL": max(1, int(-(-ttl // 1))), "ID": str(lid)}, deadline,
-                               sent=sent, meanwhile=meanwhile)
+            return client.call("lease/grant", _grant_body(ttl, lid), deadline, sent=sent, meanwhile=meanwhile)
         except EtcdError as e:
             if e.code != LEASE_EXISTS:
                 raise
@@ -136,6 +145,7 @@ def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | N
                 client.call("lease/revoke", {"ID": str(lid)}, deadline)
             except (EtcdError, FleetUnavailable):
                 pass
+            lid = None
 
 
 def _entries(kvs: list | None) -> list:
@@ -573,28 +583,49 @@ if hasattr(os, "register_at_fork"):
 
 
 def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list,
-         meanwhile: Callable[[], None] | None = None) -> Session:
+         meanwhile: Callable[[], None] | None = None,
+         queue: Callable[[int], tuple[str, dict]] | None = None) -> tuple[Session, dict | None]:
     """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
     (or when this process already has a key of that lock name on it: then a lease of its own). Sets
     claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for.
-    `meanwhile` runs while a grant is on its way (not at all when the lease is there already)."""
+    `meanwhile` runs while a grant is on its way (not at all when the lease is there already).
+
+    `queue(lease id)`: the request (path, body) that puts our key on the lease. When a grant is needed, it is
+    written right behind the grant, on the same connection, without waiting for the grant's answer (etcd
+    answers them in order: Client.pipelined), and its reply is returned with the session: one round trip
+    for both. None in its place: the caller sends it (the lease was there already, or the pipelined request
+    did not succeed: then the grant, too, went the one-request-at-a-time way, asking again for the same id)."""
     url = backend.url
     shared = (url.scheme, tuple(url.endpoints), url.user, url.password, url.cacert, url.cert, url.key, ttl)
     with _SESSIONS_MUTEX:
         session = _SESSIONS.get(shared)
         if session is not None and session.attach(claim, prefix + b"%x" % session.lease):
-            return session
+            return session, None
         private = session is not None and not session.lost and not session._stopped
         sent: list = []
+        made: list = []
+
+        def start(reply: dict) -> None:
+            # The keep-alive thread starts as soon as the lease is known: while the queue's answer is on its way.
+            lease = int(reply["ID"])
+            made.append(Session(backend.client, lease, float(reply.get("TTL") or ttl), sent[0], claim,
+                                None if private else shared))
+            claim.name_key = prefix + b"%x" % lease
+            if not private:
+                _SESSIONS[shared] = made[0]
+
         # Granted with the registry locked: two threads starting at once share one lease, not two.
-        reply = grant(backend.client, ttl, deadline, ids, sent, meanwhile)
-        lease = int(reply["ID"])
-        made = Session(backend.client, lease, float(reply.get("TTL") or ttl), sent[0], claim,
-                       None if private else shared)
-        claim.name_key = prefix + b"%x" % lease
-        if not private:
-            _SESSIONS[shared] = made
-        return made
+        queued = None
+        if queue is not None:
+            lid = lease_id()
+            ids.append(lid)
+            reply, queued = backend.client.pipelined("lease/grant", _grant_body(ttl, lid), lambda: queue(lid),
+                                                     deadline, sent, meanwhile, start)
+            if reply is None:
+                start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
+        else:
+            start(grant(backend.client, ttl, deadline, ids, sent, meanwhile))
+        return made[0], queued
 
 
 class EtcdLocker:
@@ -638,8 +669,16 @@ class EtcdLocker:
         claim = Claim()
         ok = False
         try:  # from before the grant: whatever ends this (a signal's exception too) takes our key with it
-            session = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids, meanwhile)
-            held = self._queue(mode, deadline, record, self.prefix + b"%x" % session.lease, session.lease, claim)
+            built: list = []
+
+            def queue(lease: int) -> tuple[str, dict]:
+                built[:] = [record(None, None)]  # after `meanwhile`: the record may name what it started
+                return "kv/txn", self._enqueue(self.prefix + b"%x" % lease, lease, built[0])
+
+            session, queued = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids,
+                                   meanwhile, queue)
+            held = self._queue(mode, deadline, record, self.prefix + b"%x" % session.lease, session.lease, claim,
+                               built[0] if queued is not None else None, queued)
             ok = held is not None
             return held
         except EtcdError as e:
@@ -677,21 +716,30 @@ class EtcdLocker:
             # deletes it, trying again until it is gone (or the lease ends: the last release, or its loss).
             session.orphan(compare)
 
-    def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
-               session: Claim) -> EtcdHeld | None:
-        c = self.client
-        rng = {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "sort_target": "CREATE",
-               "sort_order": "ASCEND"}
-        # One round trip: create our key if it is not there yet and read the queue. Retried after a lost
-        # answer, the compare fails (our key exists: the first try created it) and the range still answers.
-        value = record(None, None)
-        try:
-            reply = c.call("kv/txn", {
-                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
-                "success": [{"request_put": {"key": b64(key), "value": b64(value),
-                                             "lease": str(lease)}},
+    def _range_all(self) -> dict:
+        return {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "sort_target": "CREATE",
+                "sort_order": "ASCEND"}
+
+    def _enqueue(self, key: bytes, lease: int, value: bytes) -> dict:
+        """The queue transaction: one round trip creates our key if it is not there yet and reads the queue.
+        Retried after a lost answer, the compare fails (our key exists: the first try created it) and the range
+        still answers."""
+        rng = self._range_all()
+        return {"compare": [{"key": b64(key), "target": "CREATE", "create_revision": "0"}],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": str(lease)}},
                             {"request_range": rng}],
-                "failure": [{"request_range": rng}]}, self._net_deadline(deadline))
+                "failure": [{"request_range": rng}]}
+
+    def _queue(self, mode: str, deadline: float | None, record: Builder, key: bytes, lease: int,
+               session: Claim, value: bytes | None = None, reply: dict | None = None) -> EtcdHeld | None:
+        """Queue our key (`reply`: the queue transaction's answer when it was sent already, with `value` the
+        record it wrote) and wait until it holds."""
+        c = self.client
+        rng = self._range_all()
+        try:
+            if reply is None or value is None:
+                value = record(None, None)
+                reply = c.call("kv/txn", self._enqueue(key, lease, value), self._net_deadline(deadline))
         except EtcdError as e:
             if e.code != NOT_FOUND:
                 raise
