@@ -13,7 +13,8 @@ import jinja2
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "roles" / "cli" / "templates" / "hostlock.py.j2"
-BUNDLE = "_hostlock_bundle.pyc"  # hostlock.cli.bundle.NAME + ".pyc" (tests/unit/cli/test_bundle.py checks it)
+BUNDLE = "_hostlock_bundle.pyc"  # hostlock.cli.bundle.NAME + ".pyc" (test_cli_bundle.py checks it)
+BUILD = ["-X", "no_debug_ranges", "-I", "-S"]  # the interpreter's options in the role's bundle task
 
 
 def render(python: str, lib: str | Path) -> str:
@@ -27,7 +28,7 @@ def render(python: str, lib: str | Path) -> str:
 def bundle(python: str, lib: str | Path) -> Path:
     """Build lib's bundle with `python` (the role's task); returns its path."""
     lib = str(lib)
-    subprocess.run([python, "-I", "-S", os.path.join(lib, "hostlock", "cli", "bundle.py"), lib], check=True,
+    subprocess.run([python, *BUILD, os.path.join(lib, "hostlock", "cli", "bundle.py"), lib], check=True,
                    stdout=subprocess.DEVNULL)
     return Path(lib, BUNDLE)
 

@@ -46,11 +46,25 @@ def test_the_bundle_serves_the_package_from_memory(lib):
     assert oct(os.stat(os.path.join(lib, cli_install.BUNDLE)).st_mode & 0o7777) == "0o644"
 
 
+def test_the_bundle_holds_code_compiled_without_docstrings_and_the_command_runs_on_it(lib, tmp_path):
+    """As with -OO: a fifth smaller, and nothing the command runs reads a docstring."""
+    code = PROBE % lib + "import hostlock.api\nprint(hostlock.api.Lock.__doc__, hostlock.api.__doc__)\n"
+    out = subprocess.run([PYTHON, "-I", "-S", "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1] == "None None"
+    hl = cli_install.install(tmp_path / "hostlock", PYTHON, lib, bundled=False)
+    r = subprocess.run([str(hl), "run", "-v", "-d", str(tmp_path / "locks"), "job", "echo", "ran"],
+                       capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"})
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+    for command in (["--help"], ["run", "--help"], ["status", "--help"], ["flock", "--help"]):
+        r = subprocess.run([str(hl), *command], capture_output=True, text=True, check=False)
+        assert r.returncode == 0 and r.stdout.strip() and "None" not in r.stdout, (command, r.stdout, r.stderr)
+
+
 def test_the_role_the_launcher_and_the_helpers_name_the_same_file():
     assert cli_install.BUNDLE == bundle.NAME + ".pyc"
     root = Path(__file__).resolve().parents[3]
+    assert ", ".join(cli_install.BUILD) in (root / "roles/cli/tasks/install.yml").read_text()  # built the same way
     assert f"import {bundle.NAME}  #" in (root / "roles/cli/templates/hostlock.py.j2").read_text()
-    assert f"import {bundle.NAME}  #" in (root / "scripts/hostlock").read_text()
     assert f"/{bundle.NAME}.pyc" in (root / "roles/cli/vars/main.yml").read_text()
 
 
@@ -129,11 +143,11 @@ def test_building_twice_writes_once_the_same_bytes(lib):
     """The role's task is changed only when the bundle is: same sources, same bytes."""
     before = Path(lib, cli_install.BUNDLE).read_bytes()
     script = os.path.join(lib, "hostlock", "cli", "bundle.py")
-    r = subprocess.run([PYTHON, "-I", "-S", script, lib], capture_output=True, text=True, check=True)
+    r = subprocess.run([PYTHON, *cli_install.BUILD, script, lib], capture_output=True, text=True, check=True)
     assert (r.stdout, r.stderr) == ("", "")
     assert Path(lib, cli_install.BUNDLE).read_bytes() == before
     Path(lib, "hostlock", "core", "clock.py").write_text(Path(lib, "hostlock", "core", "clock.py").read_text() + "#\n")
-    r = subprocess.run([PYTHON, "-I", "-S", script, lib], capture_output=True, text=True, check=True)
+    r = subprocess.run([PYTHON, *cli_install.BUILD, script, lib], capture_output=True, text=True, check=True)
     assert r.stdout == "wrote %s\n" % os.path.join(lib, cli_install.BUNDLE)
 
 
