@@ -219,7 +219,7 @@ class TcpProxy:
                     if not data:
                         return
                     peers[s].sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a socket closed under select() (close() while it waits)
             pass
         finally:
             if self._forwarding.is_set():  # a cut keeps the client side hanging, as a dead route does
