@@ -90,8 +90,8 @@ def main() -> int:
         m = statistics.median(ms)
         if first is None and label != "etcdctl lock NAME true":
             first = m
-        print("%-36s %7.2f ms  %5.2fx etcdctl%s" % (label, m, m / base,
-                                                     "  %5.3fx the first" % (m / first) if first else ""))
+        than_first = "  %5.3fx the first" % (m / first) if first else ""
+        print("%-36s %7.2f ms  %5.2fx etcdctl%s" % (label, m, m / base, than_first))
     return 0
 
 
