@@ -38,11 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 import fleet_etcd  # noqa: E402 - the test fixture starts and stops the etcd member; path set up just above
 
-
-def real_python() -> str:
-    """The interpreter behind .venv/bin/python (never a pyenv shim, which adds ~100 ms a start)."""
-    venv = ROOT / ".venv" / "bin" / "python"
-    return os.path.realpath(venv if venv.exists() else sys.executable)
+real_python = cli_install.real_python
 
 
 def make_launcher(directory: Path, python: str) -> Path:

@@ -181,10 +181,7 @@ def process_ms(endpoints: str, args: list[str], samples: int) -> list[float]:
     return out
 
 
-def real_python() -> str:
-    """The interpreter behind .venv/bin/python (never a pyenv shim, which adds ~100 ms a start)."""
-    venv = HERE.parent / ".venv" / "bin" / "python"
-    return os.path.realpath(venv if venv.exists() else sys.executable)
+real_python = cli_install.real_python
 
 
 def make_launcher(directory: str, engine: str | None = None, python: str | None = None,
@@ -194,20 +191,6 @@ def make_launcher(directory: str, engine: str | None = None, python: str | None 
     has no bundle: its files are imported); `python`: that interpreter instead of the real one's."""
     engine = engine or str(HERE.parent / "plugins" / "module_utils")
     return str(cli_install.installed(directory, python or real_python(), engine, name))
-
-
-def engine_at(rev: str, directory: str) -> str:
-    """The engine of commit `rev` (git archive of plugins/module_utils/hostlock), byte-compiled for the real
-    interpreter as the cli role does: the library directory for make_launcher, to measure before and after
-    in one run."""
-    dest = os.path.join(directory, "before")
-    os.mkdir(dest)
-    tar = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "plugins/module_utils/hostlock"],
-                         capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", dest], input=tar, check=True)
-    lib = os.path.join(dest, "plugins", "module_utils")
-    subprocess.run([real_python(), "-I", "-S", "-m", "compileall", "-q", lib], check=True)
-    return lib
 
 
 def run_ms(argv: list[str], samples: int) -> list[float]:
@@ -678,7 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     targets: list[Target] = []
     with tempfile.TemporaryDirectory(prefix="hostlock-bench-fleet-") as top:
         if args.before:
-            cfg.before, cfg.before_lib = args.before, engine_at(args.before, top)
+            cfg.before, cfg.before_lib = args.before, str(cli_install.package_at(args.before, top))
         if args.also_python:
             version = subprocess.run([args.also_python, "-I", "-S", "-c", "import platform; print(platform."
                                       "python_version())"], capture_output=True, text=True, check=True).stdout

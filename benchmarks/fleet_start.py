@@ -27,28 +27,16 @@ import cli_install  # noqa: E402 - the role's launcher and bundle; path set up j
 import fleet_etcd  # noqa: E402 - starts and stops the etcd member
 
 
-def real_python() -> str:
-    venv = HERE.parent / ".venv" / "bin" / "python"
-    return os.path.realpath(venv if venv.exists() else sys.executable)
-
-
 def engine(rev: str, work: Path) -> Path:
     """The directory holding the hostlock package of `rev` (WORKTREE: this checkout's files as they are)."""
-    if rev == "WORKTREE":
-        return HERE.parent / "plugins" / "module_utils"
-    dest = work / ("src-" + rev)
-    dest.mkdir()
-    tar = subprocess.run(["git", "-C", str(HERE.parent), "archive", rev, "plugins/module_utils/hostlock"],
-                         capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
-    return dest / "plugins" / "module_utils"
+    return HERE.parent / "plugins" / "module_utils" if rev == "WORKTREE" else cli_install.package_at(rev, work)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--rev", action="append", help="a git revision to install (repeatable; WORKTREE: the files "
                     "as they are; default WORKTREE)")
-    ap.add_argument("--python", default=real_python(), help="the launchers' interpreter")
+    ap.add_argument("--python", default=cli_install.real_python(), help="the launchers' interpreter")
     ap.add_argument("--also-unbundled", action="store_true", help="also the last engine without its bundle")
     ap.add_argument("--rounds", type=int, default=150)
     args = ap.parse_args()

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -15,6 +17,23 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "roles" / "cli" / "templates" / "hostlock.py.j2"
 BUNDLE = "_hostlock_bundle.pyc"  # hostlock.cli.bundle.NAME + ".pyc" (test_cli_bundle.py checks it)
 BUILD = ["-X", "no_debug_ranges", "-I", "-S"]  # the interpreter's options in the role's bundle task
+
+
+def real_python() -> str:
+    """The interpreter behind .venv/bin/python (never a pyenv shim, which adds ~100 ms a start)."""
+    venv = ROOT / ".venv" / "bin" / "python"
+    return os.path.realpath(venv if venv.exists() else sys.executable)
+
+
+def package_at(rev: str, directory: str | Path) -> Path:
+    """The directory holding commit `rev`'s hostlock package (git archive of plugins/module_utils/hostlock,
+    extracted under `directory`/src-REV): an older engine to install beside this checkout's."""
+    dest = Path(directory, "src-" + rev)
+    dest.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "plugins/module_utils/hostlock"],
+                         capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return dest / "plugins" / "module_utils"
 
 
 def render(python: str, lib: str | Path) -> str:
@@ -47,8 +66,6 @@ def installed(directory: str | Path, python: str, package_parent: str | Path, na
     """All the role does for the command, into `directory`: the package (from `package_parent`/hostlock) copied
     to NAME.lib, byte-compiled and bundled for `python` (bundled only when that package has a bundle.py: an
     older commit's may not), the launcher at NAME. Returns the launcher's path."""
-    import shutil
-
     lib = Path(directory, name + ".lib")
     shutil.copytree(Path(package_parent, "hostlock"), lib / "hostlock", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -50,7 +50,6 @@ FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _
 _WAITED = set(FORWARDED) | {_signal.SIGCHLD}
 _SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a terminal
 _PR_SET_PDEATHSIG = 1
-_NO_PRCTL = "no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job"
 DEFAULT_KILL_AFTER = 10.0
 PROCESS_GROUPS = ("auto", "new", "same")
 # Another thread's "look at job.abort() now" (see waker). Never used for alarm(): nothing here arms one.
@@ -202,7 +201,7 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
             os.setpgid(0, 0)
         prctl = make_prctl()
         if prctl is None and job.verbose:
-            c.say(_NO_PRCTL)
+            c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
         if prctl is not None:
             # With a watcher, freeze rather than die: a stopped job keeps its children attached (a dead one
             # would orphan them to init, out of the watcher's reach), and the watcher kills them all.
