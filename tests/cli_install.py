@@ -16,6 +16,7 @@ import jinja2
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "roles" / "cli" / "templates" / "hostlock.py.j2"
 BUNDLE = "_hostlock_bundle.pyc"  # hostlock.cli.bundle.NAME + ".pyc" (test_cli_bundle.py checks it)
+BUNDLE_CODE = "_hostlock_bundle.code"  # hostlock.cli.bundle.CODE: the modules' code, beside it
 BUILD = ["-X", "no_debug_ranges", "-I", "-S"]  # the interpreter's options in the role's bundle task
 
 
@@ -45,7 +46,7 @@ def render(python: str, lib: str | Path) -> str:
 
 
 def bundle(python: str, lib: str | Path) -> Path:
-    """Build lib's bundle with `python` (the role's task); returns its path."""
+    """Build lib's bundle with `python` (the role's task); returns the path of its module (the .pyc)."""
     lib = str(lib)
     subprocess.run([python, *BUILD, os.path.join(lib, "hostlock", "cli", "bundle.py"), lib], check=True,
                    stdout=subprocess.DEVNULL)

@@ -1,9 +1,11 @@
-"""The command's bundle (hostlock/cli/bundle.py): the whole engine compiled in one file beside the package, which
-the role's launcher imports first. Used only when it is this interpreter's and every source is as it was built
-from; serves only hostlock's modules; what it served stays in memory; the role's script fails in one line."""
+"""The command's bundle (hostlock/cli/bundle.py): the whole engine compiled ahead beside the package (a table module
+and a code file read in one go), which the role's launcher imports first. Used only when it is this interpreter's,
+its code file is the one built with its table and every source is as it was built from; serves only hostlock's
+modules; what it served stays in memory; the role's script fails in one line."""
 
 import glob
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -43,7 +45,8 @@ def lib():
 
 def test_the_bundle_serves_the_package_from_memory(lib):
     assert probe(lib) == ["True", "BundleFinder", os.path.join(lib, "hostlock", "__init__.py")]
-    assert oct(os.stat(os.path.join(lib, cli_install.BUNDLE)).st_mode & 0o7777) == "0o644"
+    for name in (cli_install.BUNDLE, cli_install.BUNDLE_CODE):
+        assert oct(os.stat(os.path.join(lib, name)).st_mode & 0o7777) == "0o644"
 
 
 def test_the_bundle_holds_code_compiled_without_docstrings_and_the_command_runs_on_it(lib, tmp_path):
@@ -61,11 +64,12 @@ def test_the_bundle_holds_code_compiled_without_docstrings_and_the_command_runs_
 
 
 def test_the_role_the_launcher_and_the_helpers_name_the_same_file():
-    assert cli_install.BUNDLE == bundle.NAME + ".pyc"
+    assert (cli_install.BUNDLE, cli_install.BUNDLE_CODE) == (bundle.NAME + ".pyc", bundle.CODE)
     root = Path(__file__).resolve().parents[3]
     assert ", ".join(cli_install.BUILD) in (root / "roles/cli/tasks/install.yml").read_text()  # built the same way
     assert f"import {bundle.NAME}  #" in (root / "roles/cli/templates/hostlock.py.j2").read_text()
-    assert f"/{bundle.NAME}.pyc" in (root / "roles/cli/vars/main.yml").read_text()
+    role_vars = (root / "roles/cli/vars/main.yml").read_text()
+    assert f"/{bundle.NAME}.pyc" in role_vars and f"/{bundle.CODE}" in role_vars  # removed by `state: absent`
 
 
 @pytest.mark.parametrize("change", ["edited", "touched", "removed"])
@@ -96,16 +100,55 @@ def test_another_interpreters_bundle_is_refused_and_the_files_are_used(lib):
         assert got[:2] == ["ImportError", "SourceFileLoader"], (other, got)
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
-def test_a_damaged_bundle_leaves_the_command_working(lib, tmp_path, damage):
-    path = Path(lib, cli_install.BUNDLE)
+@pytest.mark.parametrize("name", [cli_install.BUNDLE, cli_install.BUNDLE_CODE])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "one byte changed at the end", "longer",
+                                    "missing"])
+def test_a_damaged_bundle_leaves_the_command_working(lib, tmp_path, name, damage):
+    """Either file of the bundle damaged: the command runs, from the package's files."""
+    path = Path(lib, name)
     data = path.read_bytes()
-    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": data[:16] + b"\x00garbage" * 64,
-                      "empty": b""}[damage])
+    path.unlink()
+    if damage != "missing":
+        path.write_bytes({"truncated": data[: len(data) // 2], "garbage": data[:16] + b"\x00garbage" * 64,
+                          "empty": b"", "one byte changed at the end": data[:-1] + bytes([data[-1] ^ 1]),
+                          "longer": data + b"\0"}[damage])
+    if name == cli_install.BUNDLE_CODE or damage == "missing":
+        assert probe(lib)[:2] in (["False", "SourceFileLoader"], ["ModuleNotFoundError", "SourceFileLoader"])
     hl = cli_install.install(tmp_path / "hostlock", PYTHON, lib, bundled=False)
     r = subprocess.run([str(hl), "run", "-d", str(tmp_path / "locks"), "job", "echo", "ran"], capture_output=True,
                        text=True, check=False, env={"PATH": "/usr/bin:/bin"})
     assert (r.returncode, r.stdout, r.stderr) == (0, "ran\n", "")
+
+
+def test_another_builds_code_file_is_refused(lib, tmp_path):
+    """A code file and a table of two builds (a role run that wrote one of them when the other failed, a copy
+    from elsewhere): the stamps differ, the sources are imported."""
+    other = Path(readable_copy())
+    clock = other / "hostlock" / "core" / "clock.py"
+    clock.write_text(clock.read_text() + "# another build\n")
+    cli_install.bundle(PYTHON, other)
+    Path(lib, cli_install.BUNDLE_CODE).write_bytes((other / cli_install.BUNDLE_CODE).read_bytes())
+    assert probe(lib)[:2] == ["False", "SourceFileLoader"]
+    shutil.copy(other / cli_install.BUNDLE, Path(lib, cli_install.BUNDLE))  # both of the other build: stale sources
+    assert probe(lib)[:2] == ["False", "SourceFileLoader"]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_a_code_file_that_is_not_a_plain_file_is_not_followed_or_waited_on(lib, tmp_path, kind):
+    """A symlink at the code file's place is not followed (even to the right bytes), a FIFO is not waited on (the
+    command would hang before it starts): the sources are imported."""
+    code = Path(lib, cli_install.BUNDLE_CODE)
+    real = tmp_path / "real.code"
+    shutil.move(code, real)
+    if kind == "symlink":
+        code.symlink_to(real)
+    elif kind == "fifo":
+        os.mkfifo(code)
+    else:
+        code.mkdir()
+    r = subprocess.run([PYTHON, "-I", "-S", "-c", PROBE % lib], capture_output=True, text=True, check=True,
+                       timeout=60)
+    assert r.stdout.split()[:2] == ["False", "SourceFileLoader"]
 
 
 def test_the_bundle_serves_only_hostlock_modules_it_has(lib):
@@ -140,15 +183,22 @@ def test_code_served_later_comes_from_memory_not_from_files_replaced_since(lib):
 
 
 def test_building_twice_writes_once_the_same_bytes(lib):
-    """The role's task is changed only when the bundle is: same sources, same bytes."""
-    before = Path(lib, cli_install.BUNDLE).read_bytes()
+    """The role's task is changed only when the bundle is: same sources, same bytes. The code file is written
+    first, the table second (a command starting in between finds two builds' stamps: the sources)."""
+    files = [Path(lib, cli_install.BUNDLE_CODE), Path(lib, cli_install.BUNDLE)]
+    before = [f.read_bytes() for f in files]
     script = os.path.join(lib, "hostlock", "cli", "bundle.py")
     r = subprocess.run([PYTHON, *cli_install.BUILD, script, lib], capture_output=True, text=True, check=True)
     assert (r.stdout, r.stderr) == ("", "")
-    assert Path(lib, cli_install.BUNDLE).read_bytes() == before
-    Path(lib, "hostlock", "core", "clock.py").write_text(Path(lib, "hostlock", "core", "clock.py").read_text() + "#\n")
+    assert [f.read_bytes() for f in files] == before
+    clock = Path(lib, "hostlock", "core", "clock.py")
+    clock.write_text(clock.read_text() + "#\n")  # the same code, another size: the table alone changes
     r = subprocess.run([PYTHON, *cli_install.BUILD, script, lib], capture_output=True, text=True, check=True)
-    assert r.stdout == "wrote %s\n" % os.path.join(lib, cli_install.BUNDLE)
+    assert r.stdout == "wrote %s\n" % files[1]
+    clock.write_text(clock.read_text() + "ADDED = 1\n")  # other code: both
+    r = subprocess.run([PYTHON, *cli_install.BUILD, script, lib], capture_output=True, text=True, check=True)
+    assert r.stdout == "".join("wrote %s\n" % f for f in files)
+    assert probe(lib)[:2] == ["True", "BundleFinder"]
 
 
 USAGE = "usage: python -I -S bundle.py LIB_DIR (the directory that holds the hostlock package)"
@@ -174,7 +224,8 @@ def test_the_script_says_why_it_cannot_write(lib):
     else:
         cmd = []
     script = os.path.join(lib, "hostlock", "cli", "bundle.py")
-    os.unlink(os.path.join(lib, cli_install.BUNDLE))  # else the same bytes are there already: nothing to write
+    for name in (cli_install.BUNDLE, cli_install.BUNDLE_CODE):  # else the same bytes are there already
+        os.unlink(os.path.join(lib, name))
     r = subprocess.run([*cmd, PYTHON, "-I", "-S", script, lib], capture_output=True, text=True, check=False)
     assert r.returncode == 1
     assert r.stderr.startswith("hostlock bundle: cannot write %s: " % os.path.join(lib, cli_install.BUNDLE))

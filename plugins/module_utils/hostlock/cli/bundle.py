@@ -1,16 +1,23 @@
-"""The `hostlock` command's bundle: the whole engine compiled into one file, for a faster start.
+"""The `hostlock` command's bundle: the whole engine compiled ahead, read in one go, for a faster start.
 
 Why: a `hostlock` run imports about 25 of the package's modules. From files, each costs a directory look-up,
 a stat, an open and a read of its own .pyc; that is about 2.5 ms of a 20 ms `hostlock run --fleet URL NAME
-true` (docs/benchmarks.md). The cli role therefore writes `_hostlock_bundle.pyc` beside the package (this
-file run as a script, by the launcher's interpreter: `python -I -S .../hostlock/cli/bundle.py LIB_DIR`), and
-the launcher imports it first. Importing it reads every module's compiled code in one go and puts a finder
-before the path finder that serves the `hostlock` modules from memory: each is unmarshalled and run only
-when imported, as from its own file.
+true` (docs/benchmarks.md). The cli role therefore writes the bundle beside the package (this file run as a
+script, by the launcher's interpreter: `python -I -S .../hostlock/cli/bundle.py LIB_DIR`), and the launcher
+imports it first. It is two files: `_hostlock_bundle.pyc`, a small module with the table of the package's
+modules, and `_hostlock_bundle.code`, every module's marshalled code end to end. Importing the module reads
+the code file whole, with one read, and puts a finder before the path finder that serves the `hostlock`
+modules from memory: each is unmarshalled (from its slice of that one buffer) and run only when imported,
+as from its own file. Two files, not one: the code inside a .pyc would be copied twice at every start (read,
+then unmarshalled into the table), about 0.4 ms for its 0.6 MB.
 
 Rules (docs/security.md):
-- The bundle is a plain sourceless .pyc, so Python itself refuses another interpreter's (bad magic number)
+- The module is a plain sourceless .pyc, so Python itself refuses another interpreter's (bad magic number)
   and the launcher then imports the sources as before.
+- The code file is used only when it is the one built with the table: its length, and the build's stamp
+  (a hash of the code) at both its ends. Another build's, a damaged one, a missing one, or anything but a
+  plain file there (a symlink is not followed, a FIFO not waited on) means the sources are imported. It is
+  read once, at the start, and closed at once.
 - It is used only while every source it was built from is unchanged (size and mtime, as a .pyc is checked):
   a package upgraded, or a module edited, without a new bundle means the sources are imported instead.
 - It serves only the `hostlock` package, and only the modules it has: any other name goes to the usual
@@ -19,24 +26,28 @@ Rules (docs/security.md):
   command never loads, hostlock.api) reads no file, so it cannot fail after a privilege change or pick up
   an engine replaced in the meantime.
 
-Size is time here (the whole file is read and its table unmarshalled at every start): modules are compiled
-as with -OO (no docstrings), and the role runs this with `-X no_debug_ranges` (Python 3.11+: no column
-positions in tracebacks' carets), about a fifth smaller and 0.3-0.5 ms faster a start than without.
+Size is time here (the whole code file is read at every start): modules are compiled as with -OO (no
+docstrings), and the role runs this with `-X no_debug_ranges` (Python 3.11+: no column positions in
+tracebacks' carets), about a fifth smaller and 0.3-0.5 ms faster a start than without.
 
 Standard library only and no relative import: the role runs this file directly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import marshal
 import os
 import sys
 
 NAME = "_hostlock_bundle"  # the module the launcher imports; the file is NAME + ".pyc" in the library directory
+CODE = NAME + ".code"  # the modules' marshalled code, beside it
 PACKAGE = "hostlock"
 _TABLE = "@hostlock-bundle-table@"  # replaced in the bundle's code by the table of modules (build())
+_STAMP = "@hostlock-bundle-stamp@"  # ... by the build's stamp, which begins and ends the code file
+_LENGTH = "@hostlock-bundle-length@"  # ... by the code file's length
 
-# The bundle module's own code, compiled by build() with _TABLE's constant replaced. It names nothing from
+# The bundle module's own code, compiled by build() with the constants above replaced. It names nothing from
 # this package (it runs before the package exists) and imports only built-in modules (marshal, posix).
 _BOOT = '''\
 import marshal as _marshal
@@ -53,7 +64,7 @@ class BundleFinder:
     IN_MEMORY = True  # hostlock.api: code served from here needs no file later
 
     def __init__(self, modules):
-        self.modules = modules  # name -> (is_package, source path, marshalled code)
+        self.modules = modules  # name -> (is_package, source path, its marshalled code: a memoryview)
 
     def find_spec(self, name, path=None, target=None):
         entry = self.modules.get(name)
@@ -72,10 +83,31 @@ class BundleFinder:
         exec(_marshal.loads(self.modules[module.__spec__.name][2]), module.__dict__)
 
 
-def _fresh(table):
+def _code(stamp, length):
+    """The code file, read whole in one go, when it is the one built with this table; else None."""
+    try:
+        fd = _posix.open(_LIB + "/@code-name@", _posix.O_RDONLY | _posix.O_CLOEXEC | _posix.O_NOFOLLOW
+                         | _posix.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = _posix.fstat(fd)
+        if st.st_mode & 0o170000 != 0o100000 or st.st_size != length:  # a plain file, of the built length
+            return None
+        data = _posix.read(fd, length)
+    except OSError:
+        return None
+    finally:
+        _posix.close(fd)
+    if len(data) != length or data[:16] != stamp or data[-16:] != stamp:
+        return None
+    return memoryview(data)
+
+
+def _fresh(table, code):
     """name -> entry when every source is as the bundle was built from it; None (use the sources) if not."""
     modules = {}
-    for name, package, rel, mtime_ns, size, code in table:
+    for name, package, rel, mtime_ns, size, start, end in table:
         path = _LIB + "/" + rel
         try:
             st = _posix.stat(path)
@@ -83,14 +115,17 @@ def _fresh(table):
             return None
         if st.st_mtime_ns != mtime_ns or st.st_size != size:
             return None
-        modules[name] = (package, path, code)
+        modules[name] = (package, path, code[start:end])
     return modules
 
 
-def _install(table):
+def _install(table, stamp, length):
     if "hostlock" in _sys.modules:
         return False  # too late: the package came from somewhere else; never mix two copies
-    modules = _fresh(table)
+    code = _code(stamp, length)
+    if code is None:
+        return False
+    modules = _fresh(table, code)
     if modules is None:
         return False
     finder = BundleFinder(modules)
@@ -100,15 +135,16 @@ def _install(table):
     return True
 
 
-INSTALLED = _install("@hostlock-bundle-table@")
+INSTALLED = _install("@hostlock-bundle-table@", "@hostlock-bundle-stamp@", "@hostlock-bundle-length@")
 '''
 
 
-def _table(lib: str) -> tuple:
-    """(name, is_package, path relative to lib, mtime_ns, size, marshalled code) of every module of lib's
-    package, sorted by name: the same sources give the same bundle, byte for byte."""
+def _table(lib: str) -> tuple[tuple, bytes]:
+    """The table of every module of lib's package, sorted by name: (name, is_package, path relative to lib,
+    mtime_ns, size, start, end of its marshalled code in the code file), and the code file's bytes. The same
+    sources give the same files, byte for byte."""
     top = os.path.join(lib, PACKAGE)
-    rows = []
+    found = []
     for dirpath, dirnames, filenames in os.walk(top):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for filename in sorted(filenames):
@@ -124,30 +160,35 @@ def _table(lib: str) -> tuple:
                 source = f.read()
             # As with -OO: no docstrings (the command reads none; nor are there asserts: ansible-test's no-assert).
             code = compile(source, path, "exec", dont_inherit=True, optimize=2)
-            rows.append((name, package, rel.replace(os.sep, "/"), st.st_mtime_ns, st.st_size, marshal.dumps(code)))
-    if not any(r[0] == PACKAGE for r in rows):
+            found.append((name, package, rel.replace(os.sep, "/"), st.st_mtime_ns, st.st_size, marshal.dumps(code)))
+    if not any(r[0] == PACKAGE for r in found):
         raise FileNotFoundError("no %s package in %s" % (PACKAGE, lib))
-    rows.sort()
-    return tuple(rows)
+    found.sort()
+    body = b"".join(r[5] for r in found)
+    stamp = hashlib.sha256(body).digest()[:16]
+    rows, at = [], len(stamp)
+    for name, package, rel, mtime_ns, size, marshalled in found:
+        rows.append((name, package, rel, mtime_ns, size, at, at + len(marshalled)))
+        at += len(marshalled)
+    return tuple(rows), stamp + body + stamp
 
 
-def build(lib: str) -> bytes:
-    """The bytes of LIB/_hostlock_bundle.pyc for this interpreter, from the package in `lib`."""
+def build(lib: str) -> tuple[bytes, bytes]:
+    """The bytes of LIB/_hostlock_bundle.pyc for this interpreter, and of its code file, from lib's package."""
     from importlib.util import MAGIC_NUMBER
 
-    boot = compile(_BOOT, os.path.join(lib, NAME + ".py"), "exec", dont_inherit=True)
-    table = _table(lib)
-    consts = tuple(table if c == _TABLE else c for c in boot.co_consts)
-    if consts == boot.co_consts:
-        raise AssertionError("the bundle's code has no table to fill")  # a broken _BOOT: never ship it
+    boot = compile(_BOOT.replace("@code-name@", CODE), os.path.join(lib, NAME + ".py"), "exec", dont_inherit=True)
+    table, code = _table(lib)
+    fill = {_TABLE: table, _STAMP: code[:16], _LENGTH: len(code)}
+    consts = tuple(fill.get(c, c) if isinstance(c, str) else c for c in boot.co_consts)
+    if sum(c is not d for c, d in zip(consts, boot.co_consts)) != len(fill):
+        raise AssertionError("the bundle's code lacks a value to fill")  # a broken _BOOT: never ship it
     # A sourceless .pyc (PEP 552 header: magic, flags 0, then a timestamp and size nobody checks).
-    return MAGIC_NUMBER + bytes(12) + marshal.dumps(boot.replace(co_consts=consts))
+    return MAGIC_NUMBER + bytes(12) + marshal.dumps(boot.replace(co_consts=consts)), code
 
 
-def write(lib: str) -> bool:
-    """Write LIB/_hostlock_bundle.pyc (mode 0644, atomically); False when it was already that, byte for byte."""
-    data = build(lib)
-    path = os.path.join(lib, NAME + ".pyc")
+def _replace(path: str, data: bytes) -> bool:
+    """Write `path` (mode 0644, atomically); False when it was already that, byte for byte."""
     try:
         with open(path, "rb") as f:
             if f.read() == data:
@@ -167,6 +208,15 @@ def write(lib: str) -> bool:
     return True
 
 
+def write(lib: str) -> list[str]:
+    """Write LIB/_hostlock_bundle.code, then LIB/_hostlock_bundle.pyc; returns those that changed. In this
+    order, a command starting meanwhile reads a code file and a table of two builds at worst: their stamps
+    differ, and it imports the sources."""
+    boot, code = build(lib)
+    return [path for path, data in ((os.path.join(lib, CODE), code), (os.path.join(lib, NAME + ".pyc"), boot))
+            if _replace(path, data)]
+
+
 def main(argv: list[str]) -> int:
     """`python -I -S bundle.py LIB_DIR`: prints "wrote PATH" when the bundle changed (the role's
     changed_when); exit 64 for bad usage, 1 (one line, no traceback) when it cannot be built."""
@@ -179,8 +229,8 @@ def main(argv: list[str]) -> int:
     except (OSError, SyntaxError, ValueError) as e:
         sys.stderr.write("hostlock bundle: cannot write %s: %s\n" % (os.path.join(lib, NAME + ".pyc"), e))
         return 1
-    if changed:
-        sys.stdout.write("wrote %s\n" % os.path.join(lib, NAME + ".pyc"))
+    for path in changed:
+        sys.stdout.write("wrote %s\n" % path)
     return 0
 
 

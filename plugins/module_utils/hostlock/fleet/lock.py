@@ -48,6 +48,7 @@ CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the
 # A holder's watch on its own key opens this long after the key was made, from the revision after its
 # creation, so a deletion in between still arrives: a short job (`hostlock run NAME true`) ends before the
 # thread does any work that competes with its start, and a deleted key is known at most this much later.
+# Until the queue's answer names the key, the thread looks every KEY_WATCH_DELAY: no wake-up when it comes.
 KEY_WATCH_DELAY = 0.1
 
 
@@ -219,9 +220,7 @@ class Claim:
     def watch_key(self, key: bytes, created: int) -> None:
         """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
         self._from, self.key = created + 1, key
-        self.watch_at = boottime() + KEY_WATCH_DELAY
-        if self.session is not None:
-            self.session._poke()
+        self.watch_at = boottime() + KEY_WATCH_DELAY  # no _poke(): the thread looks by then (Session._loop)
 
     def _lose(self, why: str, unavailable: bool = False) -> None:
         with self._mutex:
@@ -454,7 +453,10 @@ class Session:
                 if self.orphans and not self._delete_orphans(next_ka):
                     wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
                 for claim in claims:
-                    if claim.key is not None and not claim._lost and claim not in watches:
+                    if claim.key is None:  # being queued: its watch_key() comes with etcd's answer
+                        wake_at = min(wake_at, now + KEY_WATCH_DELAY)  # waking us then would slow a job's start
+                        continue
+                    if not claim._lost and claim not in watches:
                         if claim.watch_at > now:
                             wake_at = min(wake_at, claim.watch_at)
                             continue
