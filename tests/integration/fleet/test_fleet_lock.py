@@ -357,6 +357,50 @@ def test_status_holders_and_list(etcd):
     assert hostlock.status("alpha", fleet=etcd.url).state == "free"
 
 
+SECOND_SIGNAL = r"""
+import os, signal, sys
+import hostlock
+from hostlock.fleet import lock as fleet_lock
+
+class Stop(BaseException):
+    pass
+
+def stop(signum, frame):
+    raise Stop(signum)
+
+signal.signal(signal.SIGTERM, stop)
+revoke = fleet_lock.EtcdLocker._revoke
+
+def revoke_after_a_second_signal(self, lease):
+    os.kill(os.getpid(), signal.SIGTERM)  # as timeout(1) signals its command, then its process group
+    revoke(self, lease)
+
+fleet_lock.EtcdLocker._revoke = revoke_after_a_second_signal
+print("waiting", flush=True)
+try:
+    hostlock.Lock("ahead", fleet=sys.argv[1]).acquire()
+except Stop:
+    print("stopped", flush=True)
+"""
+
+
+def test_a_second_signal_does_not_cut_a_leaving_waiters_revoke_short(etcd):
+    """A waiter ended by a signal revokes its lease before it leaves; a second signal that comes meanwhile is
+    held until the revoke is done (then delivered), so the waiter's key never outlives it."""
+    holder = hostlock.Lock("ahead", fleet=etcd.url)
+    holder.acquire()
+    try:
+        w = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL, etcd.url], stdout=subprocess.PIPE, text=True)
+        assert w.stdout is not None and w.stdout.readline() == "waiting\n"
+        until(lambda: len(keys(etcd, "hostlock/ahead/")) == 2, "the waiter's key")
+        w.send_signal(signal.SIGTERM)
+        out, _err = w.communicate(timeout=WAIT)
+        assert (w.returncode, out) == (0, "stopped\n")
+        assert keys(etcd, "hostlock/ahead/") == ["hostlock/ahead/%x" % holder._held.lease]
+    finally:
+        holder.release()
+
+
 def test_a_lease_outlives_the_process_that_took_it(etcd):
     code = "import hostlock, sys; print(hostlock.hold('nightly', 120, fleet=sys.argv[1], label='cron'))"
     r = subprocess.run([sys.executable, "-c", code, etcd.url], capture_output=True, text=True, timeout=WAIT,

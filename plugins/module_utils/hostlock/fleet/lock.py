@@ -50,6 +50,8 @@ CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the
 # thread does any work that competes with its start, and a deleted key is known at most this much later.
 # Until the queue's answer names the key, the thread looks every KEY_WATCH_DELAY: no wake-up when it comes.
 KEY_WATCH_DELAY = 0.1
+# Held while a waiter that gives up takes its key out of the queue (EtcdLocker._attempt).
+INTERRUPTS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
 
 
 def _margin(ttl: float) -> float:
@@ -692,11 +694,17 @@ class EtcdLocker:
             raise FleetUnavailable("%s: %s" % (self.path, e), endpoints=self.backend.url.members) from None
         finally:
             if not ok:
-                granted = claim.session is None
-                self._leave(claim, claim.name_key, 0)
-                if granted:
-                    for lid in ids:  # granted (or being granted) when interrupted, before a Session had it
-                        self._revoke(lid)
+                # A second signal must not cut this short (timeout(1) signals its command and then its process
+                # group; Ctrl-C twice): held until our key is gone, then delivered.
+                mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, INTERRUPTS)
+                try:
+                    granted = claim.session is None
+                    self._leave(claim, claim.name_key, 0)
+                    if granted:
+                        for lid in ids:  # granted (or being granted) when interrupted, before a Session had it
+                            self._revoke(lid)
+                finally:
+                    _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
 
     def _leave(self, claim: Claim, key: bytes | None, fence: int) -> None:
         """Take our key out of etcd: revoke the lease when ours was its last claim, else delete the key alone
