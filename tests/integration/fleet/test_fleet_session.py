@@ -223,6 +223,18 @@ def test_a_key_deleted_before_its_watch_opens_is_still_lost(etcd, monkeypatch):
         a.release()
 
 
+def test_a_lock_released_at_once_leaves_no_descriptor_behind(etcd):
+    """The keep-alive thread sleeps first (nothing is due sooner): a lock released meanwhile closes the session's
+    descriptors itself, at the release, not when the thread wakes."""
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _i in range(3):
+        lock = hostlock.Lock("quick", fleet=etcd.url)
+        lock.acquire()
+        lock.release()
+        lock._locker.client.close()  # the client's kept-alive connection is not the session's
+        assert sorted(os.listdir("/proc/self/fd")) == before
+
+
 def test_an_attempt_that_fails_before_it_has_a_lease_leaves_no_descriptor(etcd):
     """A member that refuses: each attempt fails before any lease; its claim's pipe must not stay open."""
     import socket

@@ -287,6 +287,7 @@ class Session:
         self.orphans: list = []  # compares of keys released but not yet deleted (etcd did not answer)
         self._stopped = False
         self._exited = False
+        self._sleeping = True  # the thread's first sleep (_loop): until it ends, detach closes the descriptors
         self._lost = False
         self._stop_r, self._stop_w = os.pipe()
         for fd in (self._stop_r, self._stop_w):
@@ -339,7 +340,7 @@ class Session:
             if last:
                 self._stopped = True
                 _unregister(self)
-            exited = self._exited
+            exited = self._exited or self._sleeping  # the thread uses no descriptor before it wakes (_loop)
         self._poke()  # the thread closes that claim's watch, or ends
         if last and exited:
             self._close_fds()
@@ -423,13 +424,18 @@ class Session:
         # a stop is seen on waking). Sleeping first keeps this thread's first pass, and the `select` import (a
         # shared library on many builds), off the start of a short job: they ran while the main thread read the
         # queue's answer and opened the job's gate, on a core of two (with the job's process and etcd), and held
-        # the GIL (~0.3 ms of a `hostlock run --fleet URL NAME true`).
-        time.sleep(min(KEY_WATCH_DELAY, interval))
-        import select
-
+        # the GIL (~0.3 ms of a `hostlock run --fleet URL NAME true`). Meanwhile it touches none of the session's
+        # descriptors: a stop closes them at once (detach), not when this wakes.
         next_ka = self.ok_at + interval
         watches: dict = {}  # claim -> the Watch on its key
         try:
+            time.sleep(min(KEY_WATCH_DELAY, interval))
+            with self._mutex:
+                self._sleeping = False
+                if self._stopped or self._lost:
+                    return
+            import select
+
             while True:
                 with self._mutex:
                     if self._stopped or self._lost:
