@@ -11,7 +11,7 @@ import time
 
 from . import common as c
 from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
-from .supervise import WAIT_SIGNALS, Signalled, Started, die_like, start, supervise, trap_wait_signals, untrap, waker
+from .supervise import Signalled, Started, die_like, start, supervise, trap_wait_signals, untrap, waker
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,8 +128,10 @@ def signalled_while_waiting(lock: RunLock | None, sig: Signalled) -> int:
     taken in the instant the signal came is released. Exit 128+N, as for SIGINT."""
     if lock is not None and getattr(lock, "locked", False):
         # Leaving: a second signal (default action again) must not end us before the release. main() exits
-        # with them still blocked, or gives a library caller its mask back.
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, set(WAIT_SIGNALS) | {_signal.SIGINT})
+        # with them still blocked, or gives a library caller its mask back. (Only a fleet wait is signalled.)
+        from ..fleet.lock import INTERRUPTS
+
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, INTERRUPTS)
         try:
             lock.release()
         except Exception:  # noqa: BLE001 - leaving anyway; the lease ends within its TTL

@@ -50,7 +50,7 @@ CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the
 # thread does any work that competes with its start, and a deleted key is known at most this much later.
 # Until the queue's answer names the key, the thread looks every KEY_WATCH_DELAY: no wake-up when it comes.
 KEY_WATCH_DELAY = 0.1
-# Held while a waiter that gives up takes its key out of the queue (EtcdLocker._attempt).
+# Held while a waiter that gives up takes its key out of the queue (EtcdLocker._attempt; cli.run likewise).
 INTERRUPTS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
 
 
@@ -430,10 +430,8 @@ class Session:
         watches: dict = {}  # claim -> the Watch on its key
         try:
             time.sleep(min(KEY_WATCH_DELAY, interval))
-            with self._mutex:
+            with self._mutex:  # from here on detach leaves the descriptors to us; a stop is seen just below
                 self._sleeping = False
-                if self._stopped or self._lost:
-                    return
             import select
 
             while True:
