@@ -35,6 +35,27 @@ def keys(etcd, prefix="hostlock/"):
     return [k for k in r.stdout.split() if k]
 
 
+def other_sessions_closed():
+    """Wait until every session released earlier in this process (other tests') has closed its descriptors: a
+    session released while its thread is in a network call leaves them (its stop pipe, its watches) to the thread,
+    which closes them when it sees the stop; and a dropped client's socket closes when the collector frees it.
+    Counting this process's descriptors before then would count theirs."""
+    import gc
+    import time
+
+    from hostlock.fleet.lock import Session
+
+    def busy(o):
+        return isinstance(o, Session) and o._stopped and (o._fds or not (o._exited or o._sleeping))
+
+    gc.collect()
+    deadline = time.monotonic() + GUARD
+    while any(busy(o) for o in gc.get_objects()):
+        assert time.monotonic() < deadline, "a released session kept its descriptors"
+        time.sleep(0.01)
+    gc.collect()
+
+
 def test_two_locks_of_one_process_share_one_lease_and_the_last_release_revokes_it(etcd):
     a = hostlock.Lock("a", fleet=etcd.url)
     b = hostlock.Lock("b", fleet=etcd.url)
@@ -226,6 +247,7 @@ def test_a_key_deleted_before_its_watch_opens_is_still_lost(etcd, monkeypatch):
 def test_a_lock_released_at_once_leaves_no_descriptor_behind(etcd):
     """The keep-alive thread sleeps first (nothing is due sooner): a lock released meanwhile closes the session's
     descriptors itself, at the release, not when the thread wakes."""
+    other_sessions_closed()
     before = sorted(os.listdir("/proc/self/fd"))
     for _i in range(3):
         lock = hostlock.Lock("quick", fleet=etcd.url)
@@ -242,6 +264,7 @@ def test_an_attempt_that_fails_before_it_has_a_lease_leaves_no_descriptor(etcd):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = "etcd://127.0.0.1:%d" % s.getsockname()[1]  # bound, never listening: connection refused
+        other_sessions_closed()
         before = len(os.listdir("/proc/self/fd"))
         for _i in range(3):
             with pytest.raises(hostlock.FleetUnavailable):
