@@ -22,10 +22,10 @@ from .core.owner import Holder, _Self, build_record, parse_record, record_prefix
 # that imports hostlock and then drops its privileges (setuid to a user who cannot read the interpreter's
 # stdlib under /root, or the engine's files), or whose engine is upgraded under it, must still take host
 # locks with the code it imported (tests/integration/engine/test_hostile.py, test_directories.py). Not when
-# the engine comes from the command's bundle (cli/bundle.py): its code is in memory already, so the
-# functions below import the mechanisms when a host lock needs them, and `hostlock run --fleet` never
-# loads them (about 1.5 ms of its start).
-if not getattr(getattr(globals().get("__spec__"), "loader", None), "IN_MEMORY", False):
+# the engine comes from the command's bundle (cli/bundle.py): its code comes from a file it holds open since
+# the start, so the functions below import the mechanisms when a host lock needs them, and `hostlock run
+# --fleet` never loads them (about 1.5 ms of its start).
+if not getattr(getattr(globals().get("__spec__"), "loader", None), "PINNED", False):
     from .host import directory as _host_directory  # noqa: F401 - loaded with the policy (see above)
     from .host import kernel as _host_kernel  # noqa: F401
     from .host import lockers as _host_lockers  # noqa: F401

@@ -1,7 +1,8 @@
 """The command's bundle (hostlock/cli/bundle.py): the whole engine compiled ahead beside the package (a table module
-and a code file read in one go), which the role's launcher imports first. Used only when it is this interpreter's,
-its code file is the one built with its table and every source is as it was built from; serves only hostlock's
-modules; what it served stays in memory; the role's script fails in one line."""
+and a code file held open, each module read from it as imported), which the role's launcher imports first. Used
+only when it is this interpreter's, its code file is the one built with its table and every source is as it was
+built from; serves only hostlock's modules, always of the build it started with; the role's script fails in one
+line."""
 
 import glob
 import os
@@ -171,15 +172,60 @@ def test_a_package_imported_before_the_bundle_is_never_mixed_with_it(lib):
     assert out.split() == ["False", "SourceFileLoader"]
 
 
-def test_code_served_later_comes_from_memory_not_from_files_replaced_since(lib):
+def test_code_served_later_is_the_bundles_not_from_files_replaced_since(lib):
     """A module first imported after the package was replaced on disk (an upgrade under a running command, a
-    privilege change) is the bundle's code, as read at start: never the new file's."""
+    privilege change) is the bundle's code, as built: never the new file's."""
     code = (f"import sys\nsys.path.append({lib!r})\nimport _hostlock_bundle\nimport hostlock.cli\n"
             "assert 'hostlock.host.record' not in sys.modules\n"
             f"open({lib!r} + '/hostlock/host/record.py', 'w').write('raise SystemExit(\"the new file ran\")')\n"
             "import hostlock.host.record\nprint(hasattr(hostlock.host.record, 'RecordMechanism'))")
     r = subprocess.run([PYTHON, "-I", "-S", "-c", code], capture_output=True, text=True, check=False)
     assert (r.returncode, r.stdout.split()) == (0, ["True"]), r.stderr
+
+
+REBUILD = """
+import os, subprocess, sys
+sys.path.append(%(lib)r)
+import _hostlock_bundle as b
+import hostlock.cli
+assert b.INSTALLED and 'hostlock.host.record' not in sys.modules
+def rebuild():  # another build, as an upgrade writes it: record.py changed, the bundle built again (by renames)
+    with open(%(lib)r + '/hostlock/host/record.py', 'a') as f:
+        f.write('\\nNEW_BUILD = True\\n')
+    subprocess.run([sys.executable, '-I', '-S', %(lib)r + '/hostlock/cli/bundle.py', %(lib)r], check=True,
+                   stdout=subprocess.DEVNULL)
+"""
+
+
+def run_rebuild(lib, then):
+    r = subprocess.run([PYTHON, "-I", "-S", "-c", REBUILD % {"lib": lib} + then], capture_output=True, text=True,
+                       check=False)
+    return r.returncode, r.stdout.split(), r.stderr
+
+
+def test_a_new_build_written_under_a_running_command_is_not_mixed_with_the_one_it_started_with(lib):
+    """The code file is held open from the start: a new build renamed over it (the role, upgrading) changes nothing
+    for a running command, whose later imports are still of the build it started with."""
+    got = run_rebuild(lib, "rebuild()\nimport hostlock.host.record as r\n"
+                           "print(type(r.__spec__.loader).__name__, hasattr(r, 'RecordMechanism'),"
+                           " hasattr(r, 'NEW_BUILD'))")
+    assert got[:2] == (0, ["BundleFinder", "True", "False"]), got
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_process_that_closed_the_code_file_opens_it_again_only_while_it_is_the_same_build(lib, reused):
+    """A process that closed the descriptor itself (the watcher of `hostlock run` closes all but its own), its
+    number perhaps another file's by then: the code file is opened again, by its path, and used while it is the
+    build the process started with; another build there makes the import fail, never mixes two builds."""
+    close = ("import os\nfd = b._FILE[0]\nos.close(fd)\n"
+             + ("other = os.open('/dev/null', os.O_RDONLY)\nassert other == fd\n" if reused else ""))
+    got = run_rebuild(lib, close + "import hostlock.host.record as r\n"
+                                   "print(type(r.__spec__.loader).__name__, hasattr(r, 'RecordMechanism'))")
+    assert got[:2] == (0, ["BundleFinder", "True"]), got
+    got = run_rebuild(lib, close + "rebuild()\n"
+                                   "try:\n    import hostlock.host.record\nexcept ImportError:\n"
+                                   "    print('refused')\nelse:\n    print('imported')\n")
+    assert got[:2] == (0, ["refused"]), got
 
 
 def test_building_twice_writes_once_the_same_bytes(lib):

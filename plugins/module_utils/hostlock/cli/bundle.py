@@ -1,15 +1,17 @@
-"""The `hostlock` command's bundle: the whole engine compiled ahead, read in one go, for a faster start.
+"""The `hostlock` command's bundle: the whole engine compiled ahead, in one file, for a faster start.
 
 Why: a `hostlock` run imports about 25 of the package's modules. From files, each costs a directory look-up,
 a stat, an open and a read of its own .pyc; that is about 2.5 ms of a 20 ms `hostlock run --fleet URL NAME
 true` (docs/benchmarks.md). The cli role therefore writes the bundle beside the package (this file run as a
 script, by the launcher's interpreter: `python -I -S .../hostlock/cli/bundle.py LIB_DIR`), and the launcher
 imports it first. It is two files: `_hostlock_bundle.pyc`, a small module with the table of the package's
-modules, and `_hostlock_bundle.code`, every module's marshalled code end to end. Importing the module reads
-the code file whole, with one read, and puts a finder before the path finder that serves the `hostlock`
-modules from memory: each is unmarshalled (from its slice of that one buffer) and run only when imported,
-as from its own file. Two files, not one: the code inside a .pyc would be copied twice at every start (read,
-then unmarshalled into the table), about 0.4 ms for its 0.6 MB.
+modules, and `_hostlock_bundle.code`, every module's marshalled code end to end. Importing the module opens
+the code file, keeps it open, and puts a finder before the path finder that serves the `hostlock` modules
+from it: each module's slice is read (one pread), unmarshalled and run only when the module is imported, as
+from its own file. Two files, not one: the code inside a .pyc would be copied twice at every start (read,
+then unmarshalled into the table), about 0.4 ms for its 0.6 MB. Read as imported, not whole at the start: a
+`hostlock run --fleet` needs about half of it, and every page of a buffer read whole is a page fault (the
+buffer of 0.6 MB cost ~0.3-0.7 ms a start, docs/benchmarks.md).
 
 Rules (docs/security.md):
 - The module is a plain sourceless .pyc, so Python itself refuses another interpreter's (bad magic number)
@@ -17,16 +19,19 @@ Rules (docs/security.md):
 - The code file is used only when it is the one built with the table: its length, and the build's stamp
   (a hash of the code) at both its ends. Another build's, a damaged one, a missing one, or anything but a
   plain file there (a symlink is not followed, a FIFO not waited on) means the sources are imported. It is
-  read once, at the start, and closed at once.
+  opened once, at the start, and held open (close-on-exec: a job never gets it).
 - It is used only while every source it was built from is unchanged (size and mtime, as a .pyc is checked):
   a package upgraded, or a module edited, without a new bundle means the sources are imported instead.
 - It serves only the `hostlock` package, and only the modules it has: any other name goes to the usual
   finders. It lives in the library directory, which is trusted as a whole like the sources beside it.
-- Code served from it is already in memory: an import that comes later (the host mechanisms a fleet-only
-  command never loads, hostlock.api) reads no file, so it cannot fail after a privilege change or pick up
-  an engine replaced in the meantime.
+- Code served from it comes from the file held open since the start: an import that comes later (the host
+  mechanisms a fleet-only command never loads, hostlock.api) opens no file, so it cannot fail after a
+  privilege change or pick up an engine replaced in the meantime (a new build replaces the code file by a
+  rename; the open one is the old one still). Only a process that closed it itself (the watcher of
+  `hostlock run` closes every descriptor but its own) opens it again, and takes it only if it is still the
+  same build; else the import fails rather than mix two builds.
 
-Size is time here (the whole code file is read at every start): modules are compiled as with -OO (no
+Size is time here (about half of the code file is read at every start): modules are compiled as with -OO (no
 docstrings), and the role runs this with `-X no_debug_ranges` (Python 3.11+: no column positions in
 tracebacks' carets), about a fifth smaller and 0.3-0.5 ms faster a start than without.
 
@@ -61,10 +66,10 @@ _LIB = __file__.rpartition("/")[0]
 class BundleFinder:
     """Specs and code of the hostlock modules in the bundle; None (the usual finders) for anything else."""
 
-    IN_MEMORY = True  # hostlock.api: code served from here needs no file later
+    PINNED = True  # hostlock.api: code served from here comes from a file held open since the start
 
     def __init__(self, modules):
-        self.modules = modules  # name -> (is_package, source path, its marshalled code: a memoryview)
+        self.modules = modules  # name -> (is_package, source path, start, end of its code in the code file)
 
     def find_spec(self, name, path=None, target=None):
         entry = self.modules.get(name)
@@ -80,31 +85,54 @@ class BundleFinder:
         return None
 
     def exec_module(self, module):
-        exec(_marshal.loads(self.modules[module.__spec__.name][2]), module.__dict__)
+        entry = self.modules[module.__spec__.name]
+        exec(_marshal.loads(_read(entry[2], entry[3])), module.__dict__)
 
 
-def _code(stamp, length):
-    """The code file, read whole in one go, when it is the one built with this table; else None."""
+_FILE = [-1, 0, 0]  # the code file held open: descriptor, st_dev, st_ino
+
+
+def _open(stamp, length):
+    """Open the code file and keep it (close-on-exec) when it is the one built with this table: a plain file,
+    of the built length, the build's stamp at both ends. False (nothing kept) when it is not."""
     try:
         fd = _posix.open(_LIB + "/@code-name@", _posix.O_RDONLY | _posix.O_CLOEXEC | _posix.O_NOFOLLOW
                          | _posix.O_NONBLOCK)
     except OSError:
-        return None
+        return False
     try:
         st = _posix.fstat(fd)
-        if st.st_mode & 0o170000 != 0o100000 or st.st_size != length:  # a plain file, of the built length
-            return None
-        data = _posix.read(fd, length)
+        if (st.st_mode & 0o170000 == 0o100000 and st.st_size == length and _posix.pread(fd, 16, 0) == stamp
+                and _posix.pread(fd, 16, length - 16) == stamp):
+            _FILE[:] = [fd, st.st_dev, st.st_ino]
+            fd = -1
+            return True
     except OSError:
-        return None
+        pass
     finally:
-        _posix.close(fd)
-    if len(data) != length or data[:16] != stamp or data[-16:] != stamp:
-        return None
-    return memoryview(data)
+        if fd >= 0:
+            _posix.close(fd)
+    return False
 
 
-def _fresh(table, code):
+def _read(start, end):
+    """One module's code, read from the code file held open since the start (replacing the file since, by a
+    new build, changes nothing here). Its descriptor closed by this process (a forked watcher closes all but
+    its own), or its number now another file's: the file is opened again, and must be the same build."""
+    try:
+        st = _posix.fstat(_FILE[0])
+        held = (st.st_dev, st.st_ino) == (_FILE[1], _FILE[2])
+    except OSError:
+        held = False
+    if not held and not _open(_STAMP, _LENGTH):
+        raise ImportError("the hostlock bundle's code file is not the one it started with")
+    data = _posix.pread(_FILE[0], end - start, start)
+    if len(data) != end - start:
+        raise ImportError("the hostlock bundle's code file is shorter than built")
+    return data
+
+
+def _fresh(table):
     """name -> entry when every source is as the bundle was built from it; None (use the sources) if not."""
     modules = {}
     for name, package, rel, mtime_ns, size, start, end in table:
@@ -115,18 +143,19 @@ def _fresh(table, code):
             return None
         if st.st_mtime_ns != mtime_ns or st.st_size != size:
             return None
-        modules[name] = (package, path, code[start:end])
+        modules[name] = (package, path, start, end)
     return modules
 
 
 def _install(table, stamp, length):
     if "hostlock" in _sys.modules:
         return False  # too late: the package came from somewhere else; never mix two copies
-    code = _code(stamp, length)
-    if code is None:
+    if not _open(stamp, length):
         return False
-    modules = _fresh(table, code)
+    modules = _fresh(table)
     if modules is None:
+        _posix.close(_FILE[0])
+        _FILE[0] = -1
         return False
     finder = BundleFinder(modules)
     at = next((i for i, f in enumerate(_sys.meta_path) if getattr(f, "__name__", "") == "PathFinder"),
@@ -135,7 +164,9 @@ def _install(table, stamp, length):
     return True
 
 
-INSTALLED = _install("@hostlock-bundle-table@", "@hostlock-bundle-stamp@", "@hostlock-bundle-length@")
+_STAMP = "@hostlock-bundle-stamp@"
+_LENGTH = "@hostlock-bundle-length@"
+INSTALLED = _install("@hostlock-bundle-table@", _STAMP, _LENGTH)
 '''
 
 
