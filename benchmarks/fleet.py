@@ -544,7 +544,8 @@ NOTES = [
     "",
     "`hostlock run --fleet URL NAME true` is a whole process, installed and started as the cli role does "
     "(tests/cli_install.py: the role's `#!PYTHON -IS` launcher, the package byte-compiled and bundled): the "
-    "interpreter's own start (`python3 -I -S -c pass`) and `os`, the bundle's one read, the imports (the fleet "
+    "interpreter's own start (`python3 -I -S -c pass`) and `os`, the bundle (its table; each module then read from "
+    "the code file it holds open, as imported), the imports (the fleet "
     "engine, the policy and the command line: no host mechanism, no lease code, `threading`, "
     "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
     "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), two round trips where "
