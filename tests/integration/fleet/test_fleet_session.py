@@ -46,7 +46,7 @@ def other_sessions_closed():
     from hostlock.fleet.lock import Session
 
     def busy(o):
-        return isinstance(o, Session) and o._stopped and (o._fds or not (o._exited or o._sleeping))
+        return isinstance(o, Session) and o._stopped and (o._fds or o.thread_has_fds)
 
     gc.collect()
     deadline = time.monotonic() + GUARD

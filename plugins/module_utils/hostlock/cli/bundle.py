@@ -92,7 +92,7 @@ class BundleFinder:
 _FILE = [-1, 0, 0]  # the code file held open: descriptor, st_dev, st_ino
 
 
-def _open(stamp, length):
+def _open():
     """Open the code file and keep it (close-on-exec) when it is the one built with this table: a plain file,
     of the built length, the build's stamp at both ends. False (nothing kept) when it is not."""
     try:
@@ -102,8 +102,8 @@ def _open(stamp, length):
         return False
     try:
         st = _posix.fstat(fd)
-        if (st.st_mode & 0o170000 == 0o100000 and st.st_size == length and _posix.pread(fd, 16, 0) == stamp
-                and _posix.pread(fd, 16, length - 16) == stamp):
+        if (st.st_mode & 0o170000 == 0o100000 and st.st_size == _LENGTH and _posix.pread(fd, 16, 0) == _STAMP
+                and _posix.pread(fd, 16, _LENGTH - 16) == _STAMP):
             _FILE[:] = [fd, st.st_dev, st.st_ino]
             fd = -1
             return True
@@ -124,7 +124,7 @@ def _read(start, end):
         held = (st.st_dev, st.st_ino) == (_FILE[1], _FILE[2])
     except OSError:
         held = False
-    if not held and not _open(_STAMP, _LENGTH):
+    if not held and not _open():
         raise ImportError("the hostlock bundle's code file is not the one it started with")
     data = _posix.pread(_FILE[0], end - start, start)
     if len(data) != end - start:
@@ -147,10 +147,10 @@ def _fresh(table):
     return modules
 
 
-def _install(table, stamp, length):
+def _install(table):
     if "hostlock" in _sys.modules:
         return False  # too late: the package came from somewhere else; never mix two copies
-    if not _open(stamp, length):
+    if not _open():
         return False
     modules = _fresh(table)
     if modules is None:
@@ -164,9 +164,9 @@ def _install(table, stamp, length):
     return True
 
 
-_STAMP = "@hostlock-bundle-stamp@"
+_STAMP = "@hostlock-bundle-stamp@"  # filled by build(), as the table below
 _LENGTH = "@hostlock-bundle-length@"
-INSTALLED = _install("@hostlock-bundle-table@", _STAMP, _LENGTH)
+INSTALLED = _install("@hostlock-bundle-table@")
 '''
 
 

@@ -321,6 +321,12 @@ class Session:
             return True
         return False
 
+    @property
+    def thread_has_fds(self) -> bool:
+        """Whether the keep-alive thread may be using the session's descriptors: not before its first sleep
+        ends (_loop), nor once it exited. Otherwise a stop leaves closing them to the thread."""
+        return not (self._exited or self._sleeping)
+
     def attach(self, claim: Claim, key: bytes) -> bool:
         """Add `claim`, whose key on this lease would be `key`; False when the lease is ending or another
         claim of this process has that key already (the same name twice: that one takes a lease of its own)."""
@@ -340,9 +346,9 @@ class Session:
             if last:
                 self._stopped = True
                 _unregister(self)
-            exited = self._exited or self._sleeping  # the thread uses no descriptor before it wakes (_loop)
+            idle = not self.thread_has_fds
         self._poke()  # the thread closes that claim's watch, or ends
-        if last and exited:
+        if last and idle:
             self._close_fds()
         return last
 
