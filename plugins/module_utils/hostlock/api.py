@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import _thread
 import errno
-import os
 import time
 from _weakref import ref
 
+from .core import oslite as os
 from .core.errors import HostlockError, LockFileError, LockLost, LockTimeout, MechanismError
 from .core.model import MECHANISM_CHOICES, MODES, LockStatus
 from .core.names import MAX_SLOTS, check_duration, validate_name
@@ -73,29 +73,47 @@ def fleet_backend(fleet: str) -> Backend:
 
 
 class _Once:
-    """A Lock.acquire's `meanwhile`, run at most once. Run by a locker (`overlapped`), from inside its I/O, an
-    Exception is kept for acquire to raise once the lock is released again: in a client's network code it
-    would pass for a failure of the network (an OSError of a fork, say)."""
+    """A Lock.acquire's `meanwhile`, run at most once, and what it returned when that is callable (`then`), run
+    at most once after it. Run by a locker (`overlapped`, then `sent`), from inside its I/O, an Exception is
+    kept for acquire to raise once the lock is released again: in a client's network code it would pass for a
+    failure of the network (an OSError of a fork, say)."""
 
-    __slots__ = ("fn", "error")
+    __slots__ = ("fn", "then", "error")
 
     def __init__(self, fn: Callable[[], object]) -> None:
         self.fn: Callable[[], object] | None = fn
+        self.then: Callable[[], object] | None = None
         self.error: Exception | None = None
 
-    def overlapped(self) -> None:
+    def overlapped(self) -> Callable[[], None] | None:
+        """Run `meanwhile`; returns `sent`, for the locker to call once all its requests are on their way."""
         fn, self.fn = self.fn, None
         if fn is not None:
             try:
-                fn()
+                then = fn()
             except Exception as e:  # noqa: BLE001 - raised by run(), outside the locker
                 self.error = e
+                return None
+            if callable(then):
+                self.then = then
+        return self.sent
+
+    def sent(self) -> None:
+        then, self.then = self.then, None
+        if then is not None:
+            try:
+                then()
+            except Exception as e:  # noqa: BLE001 - raised by run(), outside the locker
+                self.error = self.error or e
 
     def run(self) -> None:
-        """Run it now if no locker did; raise what it raised."""
+        """Run what no locker ran; raise what it raised."""
         fn, self.fn = self.fn, None
         if fn is not None:
-            fn()
+            then = fn()
+            if callable(then):
+                self.then = then
+        self.sent()
         if self.error is not None:
             raise self.error
 
@@ -146,11 +164,13 @@ class Lock:
             self.path = self._locker.path
             _track(self)
             return
+        import posixpath
+
         from .host import kernel as _kernel
         from .host.directory import default_directory, directory_mechanism, open_directory
         from .host.lockers import locker
 
-        self.directory = os.path.abspath(directory or default_directory())
+        self.directory = posixpath.abspath(directory or default_directory())
         dirfd, shared_dir = open_directory(self.directory)
         try:
             self.mechanism = directory_mechanism(dirfd, self.directory, mechanism, _kernel.probe)
@@ -175,8 +195,10 @@ class Lock:
         `meanwhile()`, if given, has run once when this returns: a fleet lock runs it while its first request
         is on its way to etcd, so work that needs no lock yet overlaps the round trip instead of following it
         (`hostlock run --fleet` forks its job there, held at its gate); a host lock first. What it tells
-        update_record() is in the record the lock is taken with. If it raises, acquire raises that, the lock
-        not held; if the lock is not taken, it may have run or not.
+        update_record() is in the record the lock is taken with. If it returns a callable, that runs once too,
+        as soon as all of the lock's requests are on their way (the wait for their answers, with nothing else
+        to do: `hostlock run --fleet`'s job process sets itself up then); right after it for a host lock. If
+        either raises, acquire raises that, the lock not held; if the lock is not taken, they may have run or not.
         """
         if timeout is not None:
             timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
@@ -372,11 +394,13 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
     validate_name(name)
     if fleet:
         return fleet_backend(fleet).status(name)
+    import posixpath
+
     from .host.directory import default_directory, open_directory, read_marker
 
-    directory = os.path.abspath(directory or default_directory())
-    if not os.path.lexists(directory):
-        return LockStatus(name, directory, os.path.join(directory, name + ".lock"), "none", 1, [], 0)
+    directory = posixpath.abspath(directory or default_directory())
+    if not posixpath.lexists(directory):
+        return LockStatus(name, directory, posixpath.join(directory, name + ".lock"), "none", 1, [], 0)
     dirfd = open_directory(directory)[0]
     try:
         return _status(dirfd, directory, name, read_marker(dirfd, directory) or "none")
@@ -385,14 +409,16 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
 
 
 def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
+    import posixpath
+
     from .host.directory import open_lock_file
     from .host.lockers import KERNEL as _KERNEL
 
     if mechanism == "record":
         slots, entries = _record_mechanism().inspect(dirfd, name)
         holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl) for f, m, s, _n, fi, pl in entries]
-        return LockStatus(name, directory, os.path.join(directory, name + "~owner"), mechanism, slots, holders, 0)
-    path = os.path.join(directory, name + ".lock")
+        return LockStatus(name, directory, posixpath.join(directory, name + "~owner"), mechanism, slots, holders, 0)
+    path = posixpath.join(directory, name + ".lock")
     if mechanism not in _KERNEL:
         return LockStatus(name, directory, path, mechanism, 1, [], 0)
     try:
@@ -444,10 +470,12 @@ def list_locks(directory: str | None = None, *, fleet: str | None = None) -> lis
     """Every lock in a directory that has a file (in a fleet: that has a key), held or not, sorted by name."""
     if fleet:
         return fleet_backend(fleet).list_locks()
+    import posixpath
+
     from .host.directory import default_directory, open_directory, read_marker
 
-    directory = os.path.abspath(directory or default_directory())
-    if not os.path.lexists(directory):
+    directory = posixpath.abspath(directory or default_directory())
+    if not posixpath.lexists(directory):
         return []
     dirfd = open_directory(directory)[0]
     try:

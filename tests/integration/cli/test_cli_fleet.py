@@ -16,7 +16,7 @@ import socket
 import subprocess
 
 import pytest
-from cli_support import PYTHON, pid_alive, wait_file, wait_until
+from cli_support import PYTHON, kill_quietly, pid_alive, wait_file, wait_until
 
 HOST = os.uname().nodename
 
@@ -181,11 +181,12 @@ def test_a_run_refused_the_lock_never_runs_its_job_and_leaves_no_process(cli, et
 def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
     """What `hostlock run --fleet` imports, from the command's own -X importtime (its forked processes
     included): the fleet engine, never the lease code (issue 25), nor the standard library's heavier modules
-    (socket, json, re, importlib and warnings, math, threading, ctypes...). Installed the role's way (the
-    engine from its bundle, cli/bundle.py), not the host mechanisms either, nor the fcntl and struct they use:
-    the policy imports them with itself only when its code comes from files (a process that drops its
-    privileges after importing hostlock must still take host locks, tests/integration/engine/test_hostile.py);
-    the bundle's is in memory already."""
+    (socket, json, re, importlib and warnings, math, threading, ctypes...), nor `os` (core/oslite.py: ~1 ms),
+    `__future__` (the bundle compiles its flag instead) or, where it is a shared library, `binascii` (fleet/b64.py).
+    Installed the role's way (the engine from its bundle, cli/bundle.py), not the host mechanisms either, nor
+    the fcntl and struct they use: the policy imports them with itself only when its code comes from files (a
+    process that drops its privileges after importing hostlock must still take host locks,
+    tests/integration/engine/test_hostile.py); the bundle's is in memory already."""
     r = subprocess.run([PYTHON, "-I", "-S", "-X", "importtime", cli.launcher, "run", "--fleet", etcd.url,
                         "imports", "true"], capture_output=True, text=True, env=controller(cli, "a"), timeout=60,
                        check=False)
@@ -195,8 +196,55 @@ def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
     assert sorted(m for m in loaded if m.startswith("hostlock.host") or m in ("fcntl", "struct", "_struct")) == []
     heavy = {"hostlock.lease", "hostlock.core.tokens", "hostlock.host.record", "hostlock.host.channel", "socket",
              "json", "re", "base64", "enum", "ssl", "email", "http.client", "urllib.parse", "argparse", "importlib",
-             "warnings", "math", "threading", "typing", "ctypes", "subprocess", "signal", "psutil"}
+             "warnings", "math", "threading", "typing", "ctypes", "subprocess", "signal", "psutil", "os",
+             "posixpath", "_collections_abc", "stat", "__future__"}
+    builtin = subprocess.run([PYTHON, "-I", "-S", "-c", "import sys; print('binascii' in sys.builtin_module_names)"],
+                             capture_output=True, text=True, check=True).stdout.strip() == "True"
+    if not builtin:
+        heavy.add("binascii")
     assert sorted(m for m in loaded if m in heavy) == []
+
+
+def _state(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etcd):
+    """The job's process of `run --fleet` is forked before the lock is held and makes its PR_SET_PDEATHSIG
+    only once hostlock's requests are on their way (Started.prepare): it still has it when it execs. Killed
+    together (`pkill -9 hostlock` would), hostlock and its watcher leave the job frozen (SIGSTOP), or dead:
+    stopped in a process group that hostlock's death orphaned, it also gets the kernel's SIGHUP (which ends
+    `sleep`) and SIGCONT. Without the prctl it would run on, unlocked."""
+    pidfile = cli.tmp / "frozen-job"
+    a = cli.start("run", "--fleet", etcd.url, "freeze", "-c",
+                  "echo $$ > %s.tmp && mv %s.tmp %s && exec sleep 300" % (pidfile, pidfile, pidfile),
+                  env=controller(cli, "a"))
+    job = int(wait_file(pidfile))
+    try:
+        children = [int(d) for d in os.listdir("/proc") if d.isdigit()
+                    and _state(int(d)) != "gone" and _ppid(int(d)) == a.pid]
+        watcher = [pid for pid in children if pid != job]
+        assert len(watcher) == 1 and job in children, (children, job)
+        os.kill(watcher[0], signal.SIGKILL)  # first: it would kill the job once hostlock is gone
+        wait_until(lambda: _state(watcher[0]) in ("Z", "gone"), 20, "the watcher to die")
+        assert _state(job) in ("S", "R")  # the watcher's death alone changes nothing for the job
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=20)
+        wait_until(lambda: _state(job) in ("T", "Z", "gone"), 20, "PR_SET_PDEATHSIG to stop the job")
+    finally:
+        kill_quietly([job])
+
+
+def _ppid(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
 
 
 def test_a_revoked_lock_stops_the_job_and_exits_79(cli, etcd):

@@ -9,9 +9,9 @@ line, hand-parsed too) or
 from __future__ import annotations
 
 import _signal
-import os
 import sys
 
+from ..core import oslite as os
 from . import common as c
 
 HELP = """\

@@ -39,6 +39,7 @@ Standard library only and no relative import: the role runs this file directly.
 """
 
 from __future__ import annotations
+import __future__
 
 import hashlib
 import marshal
@@ -170,6 +171,9 @@ INSTALLED = _install("@hostlock-bundle-table@")
 '''
 
 
+_FUTURE = b"\nfrom __future__ import annotations\n"
+
+
 def _table(lib: str) -> tuple[tuple, bytes]:
     """The table of every module of lib's package, sorted by name: (name, is_package, path relative to lib,
     mtime_ns, size, start, end of its marshalled code in the code file), and the code file's bytes. The same
@@ -190,7 +194,12 @@ def _table(lib: str) -> tuple[tuple, bytes]:
                 st = os.fstat(f.fileno())
                 source = f.read()
             # As with -OO: no docstrings (the command reads none; nor are there asserts: ansible-test's no-assert).
-            code = compile(source, path, "exec", dont_inherit=True, optimize=2)
+            # `from __future__ import annotations` as the compiler flag it stands for, the line left blank: the
+            # same code, without importing __future__ at run time (0.15 ms of every start).
+            flags = 0
+            if source.count(_FUTURE) == 1:
+                source, flags = source.replace(_FUTURE, b"\n\n"), __future__.annotations.compiler_flag
+            code = compile(source, path, "exec", flags=flags, dont_inherit=True, optimize=2)
             found.append((name, package, rel.replace(os.sep, "/"), st.st_mtime_ns, st.st_size, marshal.dumps(code)))
     if not any(r[0] == PACKAGE for r in found):
         raise FileNotFoundError("no %s package in %s" % (PACKAGE, lib))

@@ -6,8 +6,7 @@ their whole budget is a few milliseconds above the bare interpreter.
 
 from __future__ import annotations
 
-import os
-
+from ..core import oslite as os
 from ..core.errors import (  # exit codes and their mapping: one home (core.errors), used as c.*
     EX_CANTCREAT,
     EX_CONFIG,
@@ -95,7 +94,7 @@ def usage_error(message: str, command: str = "") -> int:
 def fleet_arg(value: str | None) -> str | None:
     """The fleet in effect: --fleet URL if given, else $HOSTLOCK_FLEET; '' (from either) means host locks."""
     if value is None:
-        value = os.environ.get(FLEET_ENV, "")
+        value = os.getenv(FLEET_ENV) or ""
     return value or None
 
 

@@ -5,8 +5,7 @@ Parsed by hand with `cli.common.getopt` (argparse costs ~12 ms on a path started
 
 from __future__ import annotations
 
-import os
-
+from ..core import oslite as os
 from ..core.model import MECHANISM_CHOICES
 from . import common as c
 from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
@@ -312,7 +311,7 @@ def check_fleet(o: Options, command: str) -> None:
     from $HOSTLOCK_FLEET) is a contradiction, never a silent fall-back to a lock this host alone sees.
     """
     o.fleet = c.fleet_arg(o.fleet_given)
-    if o.fleet is not None or o.password_file is not None or "HOSTLOCK_FLEET_PASSWORD" in os.environ:
+    if o.fleet is not None or o.password_file is not None or os.getenv("HOSTLOCK_FLEET_PASSWORD") is not None:
         from ..fleet import url as _fleet
 
         # The password leaves our environment before any job could inherit it (host lock or fleet lock).

@@ -106,19 +106,21 @@ def _run(o: Options, early: list[Started]) -> int:
     return outcome.exit_code()
 
 
-def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], None]:
+def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], Callable[[], None] | None]:
     """What a fleet lock's acquire does while etcd grants its lease: fork the job's process (held at its gate)
-    and watcher, and name the job in the record the lock is taken with. If that fails, the job is started
+    and watcher, and name the job in the record the lock is taken with; once the lock's requests are all on
+    their way, let the job's process set itself up (Started.prepare). If the fork fails, the job is started
     the usual way once the lock is held (and that failure is reported)."""
 
-    def meanwhile() -> None:
+    def meanwhile() -> Callable[[], None] | None:
         try:
             start(job_of(o, lock), early)
         except OSError as exc:
             if o.verbose:
                 c.say("cannot fork the job yet (%s): trying again once the lock is held" % c.describe_error(exc))
-            return
+            return None
         recorder(lock, o)(early[0].pid)
+        return early[0].prepare
 
     return meanwhile
 

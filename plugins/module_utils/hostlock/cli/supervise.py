@@ -35,10 +35,10 @@ from __future__ import annotations
 import _signal
 import _thread
 import errno as _errno
-import os
 import sys
 import time
 
+from ..core import oslite as os
 from ..core import procstat
 from . import common as c
 
@@ -192,13 +192,22 @@ def _prctl() -> Callable[..., int] | None:
 def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], Callable[..., int] | None],
                 gate: int, watched: bool) -> None:
     """In the forked child: tie the job to hostlock's life, wait at the gate, restore signal state, exec.
-    Never returns. `make_prctl()`: prctl(2) or None, made before the fork (supervise) or here (start)."""
+    Never returns. `make_prctl()`: prctl(2) or None, made before the fork (supervise) or here (start).
+
+    The gate says two things: "s" (set up now: hostlock is idle, its requests on their way to etcd; see
+    Started.prepare), then what to add to the environment and "g" (exec now). The setup waits for "s": the
+    CPU it takes (importing _ctypes, ~1 ms) would otherwise be taken from hostlock while it still has a
+    request to send, on a machine with few cores.
+    """
     argv = job.argv
     out_fd = job.out_fd
     code = c.EX_OSERR
     try:
         if job.new_group:
             os.setpgid(0, 0)
+        message = _read_gate(gate, once=True)
+        if not message.startswith(b"s"):
+            os._exit(c.EX_OSERR)  # EOF: hostlock died, or gave the job up (the lock was not taken)
         prctl = make_prctl()
         if prctl is None and job.verbose:
             c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
@@ -214,7 +223,7 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
         # after. Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as
         # subprocess restores them); a SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
         # (All three are blocked until the exec: nothing changes for us meanwhile.)
-        environ = {os.fsencode(k): os.fsencode(v) for k, v in os.environ.items()}
+        environ = dict(os.environb())
         for k, v in (job.env or {}).items():
             environ[os.fsencode(k)] = os.fsencode(v)
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
@@ -226,19 +235,11 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
         # Wait until hostlock has told the watcher our pid and holds the lock: it writes what to add to our
         # environment and "g", then closes its end. EOF without "g" (hostlock died first, or gave the job up
         # because the lock was not taken): never exec.
-        message = b""
-        while True:
-            try:
-                chunk = os.read(gate, 4096)
-            except InterruptedError:
-                continue
-            if not chunk:
-                break
-            message += chunk
-        if not (message == b"g" or message.endswith(b"\0g")):
+        message += _read_gate(gate, once=False)
+        if not (message == b"sg" or message.endswith(b"\0g")):
             os._exit(c.EX_OSERR)
         os.close(gate)
-        for item in message[:-1].split(b"\0"):
+        for item in message[1:-1].split(b"\0"):
             if item:
                 key, _eq, value = item.partition(b"=")
                 environ[key] = value
@@ -256,6 +257,19 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
         os._exit(code)
 
 
+def _read_gate(gate: int, once: bool) -> bytes:
+    """What the gate's pipe brings: the first chunk (`once`), or all until EOF; b"" at EOF."""
+    message = b""
+    while True:
+        try:
+            chunk = os.read(gate, 4096)
+        except InterruptedError:
+            continue
+        if not chunk or once:
+            return message + chunk
+        message += chunk
+
+
 def execvp(argv: list[str], env: dict[str, str] | None = None, *,
            environ: Mapping[bytes, bytes] | None = None) -> None:
     """execvp(3), with `env` added to our environment (or exactly `environ`, made already as bytes: not
@@ -265,7 +279,10 @@ def execvp(argv: list[str], env: dict[str, str] | None = None, *,
     """
     file = argv[0]
     if environ is None:
-        environ = {os.fsencode(k): os.fsencode(v) for k, v in ({**os.environ, **env} if env else os.environ).items()}
+        made = dict(os.environb())
+        for k, v in (env or {}).items():
+            made[os.fsencode(k)] = os.fsencode(v)
+        environ = made
     if "/" in file:
         os.execve(file, argv, environ)
     path = environ.get(b"PATH")
@@ -273,12 +290,17 @@ def execvp(argv: list[str], env: dict[str, str] | None = None, *,
     first: OSError | None = None
     for d in dirs:
         try:
-            os.execve(os.path.join(d or ".", file), argv, environ)
+            os.execve(_join(d or ".", file), argv, environ)
         except OSError as exc:
             # Keep looking past "not here"; remember the first real reason (EACCES...), as execvp(3) does.
             if exc.errno not in (_errno.ENOENT, _errno.ENOTDIR) and first is None:
                 first = exc
     raise first or FileNotFoundError(_errno.ENOENT, os.strerror(_errno.ENOENT), file)
+
+
+def _join(directory: str, file: str) -> str:
+    """posixpath.join(directory, file), for a file name without '/'."""
+    return directory + file if directory.endswith("/") else directory + "/" + file
 
 
 def _in_terminal_foreground() -> bool:
@@ -468,13 +490,25 @@ class Started:
     """A job's process, forked and held at its gate until supervise() lets it exec (or cancel() sends it away);
     its watcher, if any, knows its pid already. See start()."""
 
-    __slots__ = ("job", "pid", "gate", "watcher")
+    __slots__ = ("job", "pid", "gate", "watcher", "prepared")
 
     def __init__(self, job: Job, pid: int, gate: int, watcher: int) -> None:
         self.job = job  # as the process will run it (tagged for its watcher)
         self.pid = pid
         self.gate = gate  # our end of its gate; -1 once opened or closed
         self.watcher = watcher  # our end of the watcher's pipe, -1 without one (or once supervise took it)
+        self.prepared = False  # "s" written: the process sets itself up (PR_SET_PDEATHSIG...) for its exec
+
+    def prepare(self) -> None:
+        """Let the process set itself up for its exec now (see _exec_child), while the gate stays closed: call
+        it when this process has nothing to do for a while (a fleet lock's requests are on their way)."""
+        if self.gate < 0 or self.prepared:
+            return
+        self.prepared = True
+        try:
+            os.write(self.gate, b"s")
+        except OSError:
+            pass  # EPIPE: the process is gone (killed from outside); supervise() learns how from waitpid
 
     def cancel(self) -> None:
         """The job must not run (the lock was not taken): its process exits without exec'ing, its watcher with
@@ -509,7 +543,8 @@ def start(job: Job, keep: list[Started]) -> None:
     if job.lock_fds:
         raise ValueError("start(): a job with lock descriptors is started by supervise(), once the lock is held")
     # prctl is made in the job's process (_prctl), not here: there it costs the copy-on-write faults of
-    # importing _ctypes (about 1 ms), but while the process waits at its gate for etcd's answers, off our path.
+    # importing _ctypes (about 1 ms), but once Started.prepare() said so (our requests are on their way to
+    # etcd: we wait for its answers), off our path.
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)  # the processes are forked with them blocked
     try:
         keep.append(_fork_job(job, old_mask, _prctl))
@@ -615,7 +650,8 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
 
     beat = tell() if valid_until is not None else None  # the watcher knows the deadline before the job runs
     try:
-        os.write(gate_w, _gate_message(env))  # the watcher knows the job: it may exec now
+        # The watcher knows the job: it may exec now (and set itself up first, if prepare() did not say so).
+        os.write(gate_w, (b"" if started.prepared else b"s") + _gate_message(env))
     except OSError:
         pass  # EPIPE: the child is already gone (killed from outside); waitpid tells how
     os.close(gate_w)

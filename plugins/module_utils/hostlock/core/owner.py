@@ -7,17 +7,27 @@ record is one line of escaped `key=value` fields: cheap to build without importi
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
+from . import oslite as os
 from .text import one_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping
 
-_HAS_PROC = os.path.isdir("/proc/self")
+
+
+def _is_directory(path: str) -> bool:
+    """os.path.isdir."""
+    try:
+        return os.stat(path).st_mode & 0o170000 == 0o040000  # S_ISDIR
+    except (OSError, ValueError):
+        return False
+
+
+_HAS_PROC = _is_directory("/proc/self")
 try:  # optional, only where /proc is missing (BSD, macOS); not even looked for with /proc (a failed import
     if _HAS_PROC:  # searches every directory of sys.path, at every start of the command)
         raise ImportError("/proc is there")

@@ -7,7 +7,7 @@ since boot (field 22), which with the pid and the boot id names a process for go
 
 from __future__ import annotations
 
-import os
+from . import oslite as os
 
 STATE, PPID, PGRP, START = 0, 1, 2, 19
 

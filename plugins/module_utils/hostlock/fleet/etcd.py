@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import _socket
 import _thread
-import binascii
 import sys
 import time
 
 from ..core.clock import boottime
 from ..core.errors import FleetConfigError, FleetUnavailable, HostlockError
+from .b64 import b64, unb64
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import ssl
     from typing import Callable
 
+    from ..core.model import Meanwhile
     from .url import FleetURL
 
 MIN_TRY = 2.0  # seconds any one operation may take even with a deadline already past (timeout=0 still asks)
@@ -43,16 +44,6 @@ ATTEMPT = 2.5  # at most this long on one member before trying the next (a follo
 _RETRY_CODES = frozenset((1, 4, 14))  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (no leader, stopping)
 _AUTH_CODES = frozenset((7, 16))  # PERMISSION_DENIED, UNAUTHENTICATED
 NOT_FOUND = 5
-
-
-def b64(data: bytes | str) -> str:
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    return binascii.b2a_base64(data, newline=False).decode("ascii")
-
-
-def unb64(text: str | None) -> bytes:
-    return binascii.a2b_base64(text) if text else b""
 
 
 # JSON through CPython's C accelerator directly: the `json` package imports `re` (and `base64` did too),
@@ -292,7 +283,7 @@ class Client:
         return (head + "\r\n").encode("latin-1")
 
     def _post(self, i: int, path: str, payload: bytes, timeout: float,
-              meanwhile: Callable[[], None] | None = None) -> tuple[int, dict]:
+              meanwhile: Meanwhile | None = None) -> tuple[int, dict]:
         """One request to member i: (HTTP status, JSON body). OSError when it fails."""
         conn, reused = self._conn(i, timeout)
         try:
@@ -332,14 +323,14 @@ class Client:
         return status, body if isinstance(body, dict) else {}
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
-             sent: list | None = None, meanwhile: Callable[[], None] | None = None) -> dict:
+             sent: list | None = None, meanwhile: Meanwhile | None = None) -> dict:
         """POST `body` to /v3/`path`; the reply as a dict. FleetUnavailable when no member serves it by the
         deadline (at least `min_try` from now); EtcdError when etcd answers with a refusal. One member gets
         at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
         attempt that succeeded was sent (a lease's TTL runs from after that moment). `meanwhile()` is called
         once a request is sent, before its answer is read (on each attempt: the caller makes it run once),
-        so that the caller's own work overlaps etcd's; it must not raise an Exception (an OSError would pass
-        for the member's)."""
+        so that the caller's own work overlaps etcd's; what it returns, if not None, is called right after it
+        (see pipelined). Neither may raise an Exception (an OSError would pass for the member's)."""
         payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
@@ -393,16 +384,18 @@ class Client:
             delay = min(delay * 2, 0.5)
 
     def pipelined(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
-                  meanwhile: Callable[[], None] | None = None,
+                  meanwhile: Meanwhile | None = None,
                   between: Callable[[dict], None] | None = None) -> tuple[dict | None, dict | None]:
         """Two requests in one round trip, on one connection to the member asked first: POST `body` to
         /v3/`path`, run `meanwhile()`, then write the request `then()` builds (path, body) right behind it,
-        without waiting for the first's answer. `meanwhile` and `then` run only once the first request is
-        written in full (sendall returned: it is on its way, and its answer is the next thing the connection
-        reads); when it could not be written, neither runs here. etcd's gateway (Go's net/http) serves a
-        connection's requests one after the other and answers them in order: the second is handled once the
-        first is done, as if sent after its answer. `between(reply)` runs once the first is answered, while the
-        second's answer is on its way. `sent[0]` is the boottime() at which the first was sent.
+        without waiting for the first's answer, then call what `meanwhile()` returned (if not None: both
+        requests are on their way, the caller has nothing to do until etcd answers). `meanwhile` and `then` run
+        only once the first request is written in full (sendall returned: it is on its way, and its answer is
+        the next thing the connection reads); when it could not be written, neither runs here. etcd's gateway
+        (Go's net/http) serves a connection's requests one after the other and answers them in order: the
+        second is handled once the first is done, as if sent after its answer. `between(reply)` runs once the
+        first is answered, while the second's answer is on its way. `sent[0]` is the boottime() at which the
+        first was sent.
 
         Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
         then does that request (and the second, when the first is None) with call(), whose retries, errors and
@@ -432,11 +425,12 @@ class Client:
             self._next = (i + 1) % n
             return None, None
         try:
-            if meanwhile is not None:
-                meanwhile()
+            after = meanwhile() if meanwhile is not None else None
             path2, body2 = then()
             payload = dumps(body2).encode("utf-8")
             conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
+            if after is not None:
+                after()  # both requests are on their way: until etcd answers, the caller has nothing to do
             first, close = self._clean(*conn.answer(end))
         except OSError:
             conn.close()
@@ -594,14 +588,16 @@ class _Conn:
         return True
 
     def exchange(self, request: bytes, timeout: float,
-                 meanwhile: Callable[[], None] | None = None) -> tuple[int, bytes, bool]:
+                 meanwhile: Meanwhile | None = None) -> tuple[int, bytes, bool]:
         """Send one request, read its answer: (status, body, whether the connection must be closed).
         `meanwhile()` runs between the two (see Client.call)."""
         end = monotonic() + timeout
         self.buf = b""
         self.send(request, timeout)
         if meanwhile is not None:
-            meanwhile()
+            after = meanwhile()
+            if after is not None:
+                after()  # this request is all there is on its way
         return self.answer(end)
 
     def send(self, request: bytes, timeout: float) -> None:

@@ -22,21 +22,22 @@ from __future__ import annotations
 
 import _signal
 import _thread
-import os
 import time
 
 from ..core import admission
+from ..core import oslite as os
 from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost, TokenError
 from ..core.names import check_duration, validate_name
 from ..core.owner import Holder, build_record, parse_record, record_prefix
-from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, b64, monotonic, prefix_end, unb64
+from .b64 import b64, unb64
+from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, monotonic, prefix_end
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Optional
 
-    from ..core.model import LockStatus
+    from ..core.model import LockStatus, Meanwhile
     from .etcd import Watch
     from .url import FleetURL
 
@@ -127,7 +128,7 @@ def _grant_body(ttl: float, lid: int) -> dict:
 
 
 def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None,
-          meanwhile: Callable[[], None] | None = None, lid: int | None = None) -> dict:
+          meanwhile: Meanwhile | None = None, lid: int | None = None) -> dict:
     """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
     interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
     revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL.
@@ -601,7 +602,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list,
-         meanwhile: Callable[[], None] | None = None,
+         meanwhile: Meanwhile | None = None,
          queue: Callable[[int], tuple[str, dict]] | None = None) -> tuple[Session, dict | None]:
     """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
     (or when this process already has a key of that lock name on it: then a lease of its own). Sets
@@ -663,7 +664,7 @@ class EtcdLocker:
         return deadline if deadline is not None else monotonic() + self.ttl
 
     def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
-                meanwhile: Callable[[], None] | None = None) -> EtcdHeld | None:
+                meanwhile: Meanwhile | None = None) -> EtcdHeld | None:
         """Held (our key first in line for our mode, our record its value), or None once the deadline passed.
 
         A waiter that gives up or fails revokes its lease first (its key goes with it); if etcd cannot be
@@ -681,7 +682,7 @@ class EtcdLocker:
                     raise e.error from None
 
     def _attempt(self, mode: str, deadline: float | None, record: Builder,
-                 meanwhile: Callable[[], None] | None = None) -> EtcdHeld | None:
+                 meanwhile: Meanwhile | None = None) -> EtcdHeld | None:
         ids: list = []
         # on_lost is for holders: a waiter that loses its place raises instead (set once it holds, in _queue).
         claim = Claim()

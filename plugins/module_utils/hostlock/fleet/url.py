@@ -16,8 +16,7 @@ fleet/lock.py, and its line in fleet.backend.
 
 from __future__ import annotations
 
-import os
-
+from ..core import oslite as os
 from ..core.errors import FleetConfigError, InvalidFleetURL
 
 TYPE_CHECKING = False
@@ -91,8 +90,9 @@ def take_credentials(password_file: str | None = None) -> None:
     """The command line's: move $HOSTLOCK_FLEET_PASSWORD out of the environment into this process's memory,
     so that no job, hook or child inherits it (the password file's path is not secret and stays);
     `password_file` (--fleet-password-file) is used before either variable."""
-    if PASSWORD_ENV in os.environ:
-        _TAKEN["password"] = os.environ.pop(PASSWORD_ENV)  # pop also unsetenv()s it for children
+    secret = os.popenv(PASSWORD_ENV)  # also unsetenv()s it for children
+    if secret is not None:
+        _TAKEN["password"] = secret
     if password_file is not None:
         _TAKEN["file"] = password_file
 
@@ -100,7 +100,7 @@ def take_credentials(password_file: str | None = None) -> None:
 def password_of(env: Mapping[str, str] | None = None) -> str | None:
     """The password to log in with: --fleet-password-file, else $HOSTLOCK_FLEET_PASSWORD_FILE, else
     $HOSTLOCK_FLEET_PASSWORD (both variables set: FleetConfigError, which one was meant is unclear)."""
-    environ: Mapping[str, str] = os.environ if env is None else env
+    environ: Mapping[str, str] = os.environ() if env is None else env
     path = _TAKEN.get("file")
     if path is not None:
         return read_password_file(path, "--fleet-password-file")

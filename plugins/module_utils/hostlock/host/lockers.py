@@ -18,9 +18,8 @@ from .waiting import backoff_sleep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Callable
 
-    from ..core.model import Builder
+    from ..core.model import Builder, Meanwhile
     from .record import RecordHeld, RecordMechanism
 
 
@@ -108,7 +107,7 @@ class KernelLocker:
         return self.file
 
     def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
-                meanwhile: Callable[[], None] | None = None) -> _kernel.Held | None:
+                meanwhile: Meanwhile | None = None) -> _kernel.Held | None:
         """Held, with our owner record written, or None once the deadline has passed. (`meanwhile`: no round
         trip to overlap here; the Lock runs it once this returns.)"""
         mech = self.mech
@@ -179,7 +178,7 @@ class RecordLocker:
         self.path = os.path.join(directory, name + self.suffix)
 
     def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
-                meanwhile: Callable[[], None] | None = None) -> RecordHeld | None:
+                meanwhile: Meanwhile | None = None) -> RecordHeld | None:
         """Held (the owner file published whole, with our record), or None once the deadline has passed.
         (`meanwhile`: as KernelLocker's.)
 
