@@ -16,8 +16,8 @@ from hostlock.fleet import b64
 @pytest.mark.parametrize("n", list(range(0, 64)) + [255, 256, 257, 4095, 4096, 65537])
 def test_encode_and_decode_match_the_standard_library(n):
     rnd = random.Random(n)
-    for _ in range(20):
-        data = bytes(rnd.getrandbits(8) for _ in range(n))
+    for _round in range(20):
+        data = bytes(rnd.getrandbits(8) for _byte in range(n))
         text = base64.b64encode(data)
         assert b64.encode(data) == text
         assert b64.decode(text) == data

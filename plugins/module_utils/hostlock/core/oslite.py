@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import posix as _posix
 import sys
-from posix import (  # noqa: F401 - re-exported: the calls the start-up path makes, as `os` has them
+from posix import (
     O_CLOEXEC,
     O_NOCTTY,
     O_NOFOLLOW,
@@ -37,7 +37,6 @@ from posix import (  # noqa: F401 - re-exported: the calls the start-up path mak
     execve,
     fork,
     fstat,
-    getegid,
     geteuid,
     getpgid,
     getpgrp,
@@ -69,6 +68,61 @@ from posix import (  # noqa: F401 - re-exported: the calls the start-up path mak
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping
+
+# The calls the start-up path makes, as `os` has them (re-exported from posix), and what is written here.
+__all__ = [
+    "close",
+    "defpath",
+    "devnull",
+    "dup",
+    "dup2",
+    "environ",
+    "environb",
+    "execve",
+    "_exit",
+    "fork",
+    "fsdecode",
+    "fsencode",
+    "fstat",
+    "getenv",
+    "geteuid",
+    "getpgid",
+    "getpgrp",
+    "getpid",
+    "getppid",
+    "getuid",
+    "kill",
+    "killpg",
+    "listdir",
+    "O_CLOEXEC",
+    "O_NOCTTY",
+    "O_NOFOLLOW",
+    "O_NONBLOCK",
+    "O_RDONLY",
+    "O_RDWR",
+    "open",
+    "pipe",
+    "popenv",
+    "read",
+    "register_at_fork",
+    "set_blocking",
+    "setpgid",
+    "setsid",
+    "stat",
+    "stat_result",
+    "strerror",
+    "sysconf",
+    "tcgetpgrp",
+    "uname",
+    "unlink",
+    "urandom",
+    "waitpid",
+    "WEXITSTATUS",
+    "WIFSIGNALED",
+    "WNOHANG",
+    "write",
+    "WTERMSIG",
+]
 
 devnull = "/dev/null"
 defpath = "/bin:/usr/bin"  # posixpath.defpath: PATH when the environment has none

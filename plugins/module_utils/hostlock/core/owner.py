@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Mapping
 
 
-
 def _is_directory(path: str) -> bool:
     """os.path.isdir."""
     try:
