@@ -544,15 +544,17 @@ NOTES = [
     "",
     "`hostlock run --fleet URL NAME true` is a whole process, installed and started as the cli role does "
     "(tests/cli_install.py: the role's `#!PYTHON -IS` launcher, the package byte-compiled and bundled): the "
-    "interpreter's own start (`python3 -I -S -c pass`) and `os`, the bundle (its table; each module then read from "
+    "interpreter's own start (`python3 -I -S -c pass`), the bundle (its table; each module then read from "
     "the code file it holds open, as imported), the imports (the fleet "
     "engine, the policy and the command line: no host mechanism, no lease code, `threading`, "
-    "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://; "
-    "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), two round trips where "
+    "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://, "
+    "nor `os`, `__future__` or a shared-library `binascii`; tests/integration/cli/test_cli_fleet.py checks it "
+    "with `-X importtime`), two round trips where "
     "`etcdctl lock` takes three (the lease grant with the queue transaction written right behind it, then the "
     "revoke), the watcher and the job's process forked while the grant is on its way, before the queue "
     "transaction is written (the job's pid goes into the record it writes; the job's process makes its prctl "
-    "while it waits at its gate), and the job's exec. The Go client starts in about the time CPython does "
+    "once both requests are on their way, while hostlock waits for etcd), and the job's exec. The Go client "
+    "starts in about the time CPython does "
     "nothing; the 'with' row is the same engine on another interpreter (a distribution's python3, its "
     "extension modules built in, no shared libpython to relocate).",
 ]
@@ -657,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         cfg = Config(30, 5, 5, 20, 3, args.procs, 10, 3)
     else:
-        cfg = Config(300, 20, 25, 100, 5, args.procs, 50, 10)
+        cfg = Config(300, 100, 25, 100, 5, args.procs, 50, 10)
 
     def log(msg: str) -> None:
         print(f"  .. {msg}", file=sys.stderr, flush=True)
