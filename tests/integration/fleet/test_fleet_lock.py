@@ -104,7 +104,9 @@ def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_fi
     answer is read (where `hostlock run --fleet` forks its job); the queue transaction that follows writes
     what it told update_record(): the key is written once (version 1), naming the job. The same when the queue
     transaction goes right behind the grant (pipelined, written after `meanwhile`) and when the requests go
-    one at a time (sequential: pipelined() failed before sending a byte)."""
+    one at a time (sequential: pipelined() failed before sending a byte). What `meanwhile` returns runs once,
+    when every request of the moment is written and no answer read yet (where `hostlock run --fleet`'s job
+    process makes its prctl): after the queue transaction too when pipelined, after the grant alone else."""
     from hostlock.fleet import etcd as _etcd
 
     lock = hostlock.Lock("mw", fleet=etcd.url)
@@ -125,15 +127,19 @@ def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_fi
     if way == "sequential":
         monkeypatch.setattr(_etcd.Client, "pipelined", lambda self, *a, **kw: (None, None))
     seen = []
+    then = []
 
     def meanwhile():
         seen.append((list(sent), len(answered)))
         lock.update_record(job_pid=12345, job_cmdline="backup --all")
+        return lambda: then.append((list(sent), len(answered)))
 
     lock.acquire(meanwhile=meanwhile)
     try:
         # once: the grant was written in full, no answer read yet, the queue transaction not yet sent
         assert seen == [(["/v3/lease/grant"], 0)]
+        both = ["/v3/lease/grant", "/v3/kv/txn"] if way == "pipelined" else ["/v3/lease/grant"]
+        assert then == [(both, 0)]
         [(version, value)] = _versions(etcd)
         assert version == 1 and b"|jpid=12345|" in value and b"|jcmd=backup --all" in value
         assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [12345]
@@ -152,10 +158,11 @@ def test_meanwhile_without_a_grant_to_overlap_still_runs_once_and_names_itself(e
     def meanwhile():
         ran.append(lock.locked)
         lock.update_record(job_pid=54321)
+        return lambda: ran.append("then")
 
     lock.acquire(meanwhile=meanwhile)
     try:
-        assert ran == [False]
+        assert ran == [False, "then"]
         assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [54321]
     finally:
         lock.release()
