@@ -18,6 +18,8 @@ import subprocess
 import pytest
 from cli_support import PYTHON, kill_quietly, pid_alive, wait_file, wait_until
 
+from hostlock.core import procstat
+
 HOST = os.uname().nodename
 
 
@@ -205,12 +207,18 @@ def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
     assert sorted(m for m in loaded if m in heavy) == []
 
 
+def _field(pid, index):
+    """Field `index` of /proc/PID/stat (procstat.STATE, PPID...), None once the process is gone."""
+    fields = procstat.fields(pid)
+    return None if fields is None else fields[index].decode()
+
+
 def _state(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
+    return _field(pid, procstat.STATE) or "gone"
+
+
+def _children(pid):
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and _field(int(d), procstat.PPID) == str(pid)]
 
 
 def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etcd):
@@ -225,8 +233,7 @@ def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etc
                   env=controller(cli, "a"))
     job = int(wait_file(pidfile))
     try:
-        children = [int(d) for d in os.listdir("/proc") if d.isdigit()
-                    and _state(int(d)) != "gone" and _ppid(int(d)) == a.pid]
+        children = _children(a.pid)
         watcher = [pid for pid in children if pid != job]
         assert len(watcher) == 1 and job in children, (children, job)
         os.kill(watcher[0], signal.SIGKILL)  # first: it would kill the job once hostlock is gone
@@ -237,14 +244,6 @@ def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etc
         wait_until(lambda: _state(job) in ("T", "Z", "gone"), 20, "PR_SET_PDEATHSIG to stop the job")
     finally:
         kill_quietly([job])
-
-
-def _ppid(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 def test_a_revoked_lock_stops_the_job_and_exits_79(cli, etcd):

@@ -223,9 +223,7 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
         # after. Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as
         # subprocess restores them); a SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
         # (All three are blocked until the exec: nothing changes for us meanwhile.)
-        environ = dict(os.environb())
-        for k, v in (job.env or {}).items():
-            environ[os.fsencode(k)] = os.fsencode(v)
+        environ = _environ_with(job.env)
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
@@ -279,10 +277,7 @@ def execvp(argv: list[str], env: dict[str, str] | None = None, *,
     """
     file = argv[0]
     if environ is None:
-        made = dict(os.environb())
-        for k, v in (env or {}).items():
-            made[os.fsencode(k)] = os.fsencode(v)
-        environ = made
+        environ = _environ_with(env)
     if "/" in file:
         os.execve(file, argv, environ)
     path = environ.get(b"PATH")
@@ -296,6 +291,14 @@ def execvp(argv: list[str], env: dict[str, str] | None = None, *,
             if exc.errno not in (_errno.ENOENT, _errno.ENOTDIR) and first is None:
                 first = exc
     raise first or FileNotFoundError(_errno.ENOENT, os.strerror(_errno.ENOENT), file)
+
+
+def _environ_with(env: Mapping[str, str] | None) -> dict[bytes, bytes]:
+    """Our environment as bytes, with `env` added (or replacing entries): what an exec'd job gets."""
+    environ = dict(os.environb())
+    for k, v in (env or {}).items():
+        environ[os.fsencode(k)] = os.fsencode(v)
+    return environ
 
 
 def _join(directory: str, file: str) -> str:

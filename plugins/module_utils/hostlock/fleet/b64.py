@@ -6,7 +6,7 @@ the command from `etcdctl lock`. So `binascii` is used where it is built into th
 most distributions'), and otherwise the code below, which does no per-character Python work: the data is cut
 into its byte columns by slicing, each column mapped through a 256-byte table (bytes.translate), columns
 whose bits do not overlap combined as integers, and the results interleaved by slice assignment; a few
-microseconds for a key or an owner record. tests/unit/fleet/test_b64.py checks both against each other.
+microseconds for a key or an owner record. tests/unit/engine/test_b64.py checks both against each other.
 
 Decoding is strict (etcd sends nothing else): characters outside the alphabet, a length that is not a
 multiple of four, or padding anywhere but at the end raise ValueError (as binascii.Error is one).
