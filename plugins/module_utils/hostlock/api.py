@@ -73,47 +73,29 @@ def fleet_backend(fleet: str) -> Backend:
 
 
 class _Once:
-    """A Lock.acquire's `meanwhile`, run at most once, and what it returned when that is callable (`then`), run
-    at most once after it. Run by a locker (`overlapped`, then `sent`), from inside its I/O, an Exception is
-    kept for acquire to raise once the lock is released again: in a client's network code it would pass for a
-    failure of the network (an OSError of a fork, say)."""
+    """A Lock.acquire's `meanwhile`, run at most once. Run by a locker (`overlapped`), from inside its I/O, an
+    Exception is kept for acquire to raise once the lock is released again: in a client's network code it
+    would pass for a failure of the network (an OSError of a fork, say)."""
 
-    __slots__ = ("fn", "then", "error")
+    __slots__ = ("fn", "error")
 
     def __init__(self, fn: Callable[[], object]) -> None:
         self.fn: Callable[[], object] | None = fn
-        self.then: Callable[[], object] | None = None
         self.error: Exception | None = None
 
-    def overlapped(self) -> Callable[[], None] | None:
-        """Run `meanwhile`; returns `sent`, for the locker to call once all its requests are on their way."""
+    def overlapped(self) -> None:
         fn, self.fn = self.fn, None
         if fn is not None:
             try:
-                then = fn()
+                fn()
             except Exception as e:  # noqa: BLE001 - raised by run(), outside the locker
                 self.error = e
-                return None
-            if callable(then):
-                self.then = then
-        return self.sent
-
-    def sent(self) -> None:
-        then, self.then = self.then, None
-        if then is not None:
-            try:
-                then()
-            except Exception as e:  # noqa: BLE001 - raised by run(), outside the locker
-                self.error = self.error or e
 
     def run(self) -> None:
         """Run what no locker ran; raise what it raised."""
         fn, self.fn = self.fn, None
         if fn is not None:
-            then = fn()
-            if callable(then):
-                self.then = then
-        self.sent()
+            fn()
         if self.error is not None:
             raise self.error
 
@@ -192,13 +174,14 @@ class Lock:
     def acquire(self, timeout: float | None = None, meanwhile: Callable[[], object] | None = None) -> Lock:
         """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread.
 
-        `meanwhile()`, if given, has run once when this returns: a fleet lock runs it while its first request
-        is on its way to etcd, so work that needs no lock yet overlaps the round trip instead of following it
-        (`hostlock run --fleet` forks its job there, held at its gate); a host lock first. What it tells
-        update_record() is in the record the lock is taken with. If it returns a callable, that runs once too,
-        as soon as all of the lock's requests are on their way (the wait for their answers, with nothing else
-        to do: `hostlock run --fleet`'s job process sets itself up then); right after it for a host lock. If
-        either raises, acquire raises that, the lock not held; if the lock is not taken, they may have run or not.
+        `meanwhile()`, if given, has run once when this returns: a fleet lock runs it once its requests are on
+        their way to etcd (the lease's grant and the queue transaction, written together), so work that needs no
+        lock yet overlaps their round trip instead of following it (`hostlock run --fleet` forks its job there,
+        held at its gate); a host lock first. What it tells update_record() is in the record once the lock is
+        held: for a host lock, the record the lock is taken with; for a fleet lock, written right after (the
+        key's record went with the queue transaction, before `meanwhile` ran) unless it was built after
+        `meanwhile` anyway. If it raises, acquire raises that, the lock not held; if the lock is not taken, it
+        may have run or not.
         """
         if timeout is not None:
             timeout = check_duration(timeout, "timeout")  # None waits forever; past MAX_DURATION is refused
@@ -216,11 +199,9 @@ class Lock:
             held = self._acquire(deadline, once)
             if held is not None and once is not None:
                 try:
-                    if once.fn is not None:  # the fleet lock's lease was there already: no grant to overlap
-                        once.run()
-                        if self._prefix_pid == -1:  # it changed the record
-                            self._write_record(held)
-                    once.run()  # raises what it raised inside the locker
+                    once.run()  # what no locker ran (a fleet lock whose lease was there already); or raise
+                    if self._prefix_pid == -1:  # it changed the record after the locker had built it
+                        self._write_record(held)
                 except BaseException:
                     self._locker.release(held)
                     raise
@@ -283,15 +264,22 @@ class Lock:
         return self._locker.descriptors(self._held)
 
     def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None,
-                      label: str | None = None, **extra: object) -> None:
-        """Rewrite our owner record, e.g. so status names the job a supervisor started."""
+                      label: str | None = None, *, defer: bool = False, **extra: object) -> None:
+        """Rewrite our owner record, e.g. so status names the job a supervisor started (not held yet: the record
+        the lock will be taken with).
+
+        `defer=True`: a fleet lock's keep-alive thread writes it 0.1 s later (fleet.lock.KEY_WATCH_DELAY), and
+        not at all if the lock is released (or the record rewritten) first: a lock held that briefly costs no
+        second round trip to etcd (`hostlock run --fleet` names its job's pid this way). A key found gone then
+        is the lock's loss (`lost`, on_lost), as the thread's watch of it would find. Host locks: written now.
+        """
         for key, value in (("jpid", job_pid), ("jcmd", job_cmdline), ("label", label)):
             if value is not None:
                 self._extra[key] = value
         self._extra.update({k: v for k, v in extra.items() if v is not None})
         self._prefix_pid = -1
         if self._held is not None:
-            self._write_record(self._held)
+            self._write_record(self._held, defer)
 
     def close(self) -> None:
         """Release if held and close the lock file; the object can be used again afterwards."""
@@ -350,7 +338,7 @@ class Lock:
             self._refresh_prefix()
         return build_record(self._prefix, slot, ticket)
 
-    def _write_record(self, held: Held) -> None:
+    def _write_record(self, held: Held, defer: bool = False) -> None:
         # Rewritten while held (a job's pid, a lease renewal): status's SINCE stays when the lock was taken.
         old = self._own_record()
         at = old.get("at") if old else None
@@ -359,7 +347,8 @@ class Lock:
         except ValueError:
             taken = None
         self._refresh_prefix()
-        self._locker.write_record(held, build_record(self._prefix, held.slot, getattr(held, "ticket", None), taken))
+        self._locker.write_record(held, build_record(self._prefix, held.slot, getattr(held, "ticket", None), taken),
+                                  defer)
 
     def _own_record(self) -> dict | None:
         if self._held is None:

@@ -81,7 +81,8 @@ def _open_channel_dir(directory: str, path_lease: bool) -> int:
 class _PathHolding(PathLock):
     """A path lock held by a lease holder: there is no owner record to update (holders come from /proc)."""
 
-    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None, **_fields: str) -> None:
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None, *, defer: bool = False,
+                      **_fields: str) -> None:
         return None
 
 

@@ -14,6 +14,7 @@ import select
 import signal
 import socket
 import subprocess
+import time
 
 import pytest
 from cli_support import PYTHON, kill_quietly, pid_alive, wait_file, wait_until
@@ -120,20 +121,45 @@ def test_the_job_gets_an_increasing_fence_and_the_fleet(cli, etcd):
     assert (cli.tmp / "dir-a" / "deploy.lock").exists()
 
 
-def test_the_job_is_named_in_the_record_the_lock_is_taken_with(cli, etcd):
-    """The job's process is forked while etcd grants the lease and its pid goes into the queue transaction's
-    record: the key is written once (version 1), naming the job, with no rewrite after the job started."""
+def test_the_job_is_named_in_the_record_its_pid_a_moment_later(cli, etcd):
+    """The queue transaction's record (written before the job's process is forked, which happens while etcd
+    answers) names hostlock and the job's command; the job's pid is added 0.1 s later by the keep-alive thread
+    (version 2). `status` shows the job either way."""
     script, started, go = gated(cli, "a", "echo $$ > %s;" % (cli.tmp / "job-pid"))
     a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
     wait_file(started)
     job = int((cli.tmp / "job-pid").read_text())
-    r = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "-w", "json")
-    assert r.returncode == 0, r.stderr
-    [kv] = json.loads(r.stdout)["kvs"]
-    assert kv["version"] == 1 and b"|jpid=%d|" % job in base64.b64decode(kv["value"])
+
+    def record():
+        r = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "-w", "json")
+        assert r.returncode == 0, r.stderr
+        [kv] = json.loads(r.stdout)["kvs"]
+        return kv["version"], base64.b64decode(kv["value"])
+
+    wait_until(lambda: record()[0] == 2, 60, "the job's pid in the record")
+    value = record()[1]
+    assert b"|pid=%d|" % a.pid in value and b"|jpid=%d|" % job in value and b"|jcmd=/bin/sh -c " in value
     assert [h["job_pid"] for h in status(cli, etcd.url, "deploy")["locks"][0]["holders"]] == [job]
     go.write_text("")
     assert a.wait(timeout=60) == 0, a.stderr.read()
+
+
+def test_a_short_fleet_job_costs_etcd_two_writes(cli, etcd):
+    """`hostlock run --fleet URL NAME true`: the queue transaction's put and the lease's revoke, and no record
+    rewrite (the job's pid would be written 0.1 s into the job). etcd's revision counts its writes."""
+
+    def revision():
+        r = etcd.etcdctl("get", "nothing-here", "-w", "json")
+        assert r.returncode == 0, r.stderr
+        return int(json.loads(r.stdout)["header"]["revision"])
+
+    before = revision()
+    t0 = time.monotonic()
+    r = cli.run("run", "--fleet", etcd.url, "deploy", "true", env=controller(cli, "a"))
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    # Taken, run and released within 0.1 s, it wrote twice; a busy machine's slower run may add the record.
+    assert revision() - before in ((2,) if took < 0.1 else (2, 3))
 
 
 def _processes_with(word):
@@ -222,8 +248,8 @@ def _children(pid):
 
 
 def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etcd):
-    """The job's process of `run --fleet` is forked before the lock is held and makes its PR_SET_PDEATHSIG
-    only once hostlock's requests are on their way (Started.prepare): it still has it when it execs. Killed
+    """The job's process of `run --fleet` is forked before the lock is held, with the prctl hostlock made for
+    it, and sets its PR_SET_PDEATHSIG at once: it still has it when it execs. Killed
     together (`pkill -9 hostlock` would), hostlock and its watcher leave the job frozen (SIGSTOP), or dead:
     stopped in a process group that hostlock's death orphaned, it also gets the kernel's SIGHUP (which ends
     `sleep`) and SIGCONT. Without the prctl it would run on, unlocked."""

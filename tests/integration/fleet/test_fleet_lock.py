@@ -99,14 +99,14 @@ def _versions(etcd, prefix: str = "hostlock/") -> list:
 
 
 @pytest.mark.parametrize("way", ["pipelined", "sequential"])
-def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_first_record(etcd, monkeypatch, way):
-    """Lock.acquire(meanwhile=...) on a fleet lock: run once, after the lease's grant was sent and before its
-    answer is read (where `hostlock run --fleet` forks its job); the queue transaction that follows writes
-    what it told update_record(): the key is written once (version 1), naming the job. The same when the queue
-    transaction goes right behind the grant (pipelined, written after `meanwhile`) and when the requests go
-    one at a time (sequential: pipelined() failed before sending a byte). What `meanwhile` returns runs once,
-    when every request of the moment is written and no answer read yet (where `hostlock run --fleet`'s job
-    process makes its prctl): after the queue transaction too when pipelined, after the grant alone else."""
+def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_written_once_held(etcd, monkeypatch,
+                                                                                              way):
+    """Lock.acquire(meanwhile=...) on a fleet lock: run once, after the requests that go together were written
+    in full and before any answer is read (where `hostlock run --fleet` forks its job): the lease's grant and
+    the queue transaction right behind it (pipelined), or the grant alone (sequential: pipelined() failed
+    before sending a byte; the queue transaction follows its answer). What it told update_record() is written
+    once the lock is held: a second write (version 2) when the queue transaction had gone with the record
+    before `meanwhile` ran, none when it was built after (version 1)."""
     from hostlock.fleet import etcd as _etcd
 
     lock = hostlock.Lock("mw", fleet=etcd.url)
@@ -127,21 +127,18 @@ def test_meanwhile_runs_while_the_grant_is_on_its_way_and_names_itself_in_the_fi
     if way == "sequential":
         monkeypatch.setattr(_etcd.Client, "pipelined", lambda self, *a, **kw: (None, None))
     seen = []
-    then = []
 
     def meanwhile():
         seen.append((list(sent), len(answered)))
         lock.update_record(job_pid=12345, job_cmdline="backup --all")
-        return lambda: then.append((list(sent), len(answered)))
 
     lock.acquire(meanwhile=meanwhile)
     try:
-        # once: the grant was written in full, no answer read yet, the queue transaction not yet sent
-        assert seen == [(["/v3/lease/grant"], 0)]
         both = ["/v3/lease/grant", "/v3/kv/txn"] if way == "pipelined" else ["/v3/lease/grant"]
-        assert then == [(both, 0)]
+        assert seen == [(both, 0)]  # once: every request of the moment written, no answer read yet
         [(version, value)] = _versions(etcd)
-        assert version == 1 and b"|jpid=12345|" in value and b"|jcmd=backup --all" in value
+        assert version == (2 if way == "pipelined" else 1)
+        assert b"|jpid=12345|" in value and b"|jcmd=backup --all" in value
         assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [12345]
     finally:
         lock.release()
@@ -158,16 +155,73 @@ def test_meanwhile_without_a_grant_to_overlap_still_runs_once_and_names_itself(e
     def meanwhile():
         ran.append(lock.locked)
         lock.update_record(job_pid=54321)
-        return lambda: ran.append("then")
 
     lock.acquire(meanwhile=meanwhile)
     try:
-        assert ran == [False, "then"]
+        assert ran == [False]
         assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [54321]
     finally:
         lock.release()
         first.release()
     assert keys(etcd) == []
+
+
+def _revision(etcd) -> int:
+    import json
+
+    r = etcd.etcdctl("get", "nothing-here", "-w", "json")
+    assert r.returncode == 0, r.stderr
+    return int(json.loads(r.stdout)["header"]["revision"])
+
+
+def _fields(record: bytes) -> dict:
+    return dict(f.split(b"=", 1) for f in record.rstrip(b"\n").split(b"|")[1:])
+
+
+def test_a_deferred_record_is_written_by_the_thread_a_moment_later_and_never_for_a_short_hold(etcd):
+    """update_record(defer=True) on a held fleet lock (`hostlock run --fleet` naming its job's pid): returns at
+    once; the keep-alive thread writes it KEY_WATCH_DELAY later (version 2, the time the lock was taken kept).
+    Released sooner, it is never written: such a hold costs etcd two writes (the key, its revoke), as without
+    the record (the revision counts etcd's writes; a write tried after the revoke fails its compare)."""
+    from hostlock.fleet.lock import KEY_WATCH_DELAY
+
+    lock = hostlock.Lock("mw", fleet=etcd.url).acquire()
+    try:
+        [(version, first)] = _versions(etcd)
+        assert version == 1
+        t0 = time.monotonic()
+        lock.update_record(job_pid=4242, job_cmdline="long job", defer=True)
+        until(lambda: _versions(etcd)[0][0] == 2, "the deferred record")
+        # A lower bound the thread guarantees (it writes once the delay has passed), not a timing guess.
+        assert time.monotonic() - t0 >= KEY_WATCH_DELAY
+        [(version, value)] = _versions(etcd)
+        fields = _fields(value)
+        assert (fields[b"jpid"], fields[b"jcmd"], fields[b"at"]) == (b"4242", b"long job", _fields(first)[b"at"])
+        assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [4242]
+    finally:
+        lock.release()
+    before = _revision(etcd)
+    t0 = time.monotonic()
+    with hostlock.Lock("mw", fleet=etcd.url) as short:
+        short.update_record(job_pid=4343, defer=True)
+    quick = time.monotonic() - t0 < KEY_WATCH_DELAY  # else (a very busy machine) the thread may have written it
+    assert _revision(etcd) - before in ((2,) if quick else (2, 3)) and keys(etcd) == []
+
+
+def test_a_deferred_record_whose_key_is_gone_is_the_locks_loss_and_resurrects_nothing(etcd):
+    """The key deleted before the deferred write (a `break --force`, say): the write's compare fails, so no key
+    comes back, and the lock is lost (on_lost), as the thread's watch of the key would find."""
+    lost = threading.Event()
+    lock = hostlock.Lock("mw", fleet=etcd.url, on_lost=lost.set).acquire()
+    try:
+        [key] = keys(etcd)
+        r = etcd.etcdctl("del", key)
+        assert r.returncode == 0, r.stderr
+        lock.update_record(job_pid=4444, defer=True)
+        assert lost.wait(30)
+        assert lock.lost and keys(etcd) == []
+    finally:
+        lock.release()
 
 
 def test_what_meanwhile_raises_acquire_raises_and_no_key_is_left(etcd):

@@ -180,32 +180,6 @@ def test_meanwhile_runs_once_and_its_record_change_is_in_the_first_record(mechdi
     assert not a.locked
 
 
-def test_what_meanwhile_returns_runs_once_right_after_it_on_a_host_lock(mechdir):
-    """No requests to wait for: the callable `meanwhile` returns runs at once after it, before the lock is taken;
-    what it raises, acquire raises, the lock not held."""
-    a = hostlock.Lock("mw", directory=mechdir)
-    ran = []
-
-    def meanwhile():
-        ran.append("meanwhile")
-        return lambda: ran.append(("then", a.locked))
-
-    a.acquire(meanwhile=meanwhile)
-    assert ran == ["meanwhile", ("then", False)]
-    a.acquire(meanwhile=meanwhile)  # re-entrant: both again, once each
-    assert ran == ["meanwhile", ("then", False), "meanwhile", ("then", True)]
-    a.release()
-    a.release()
-
-    def boom():
-        raise OSError(32, "the job's process is gone")
-
-    with pytest.raises(OSError, match="is gone"):
-        a.acquire(meanwhile=lambda: boom)
-    assert not a.locked
-    hostlock.Lock("mw", directory=mechdir).acquire(timeout=0).release()  # nobody holds it
-
-
 def test_what_meanwhile_raises_acquire_raises_with_the_lock_free(mechdir):
     a = hostlock.Lock("mw", directory=mechdir)
 

@@ -278,11 +278,13 @@ def table(statuses: list[LockStatus], wide: bool, fleet: bool = False) -> str:
                 mode = "slot %d/%d" % (h.slot + 1, st.slots)
             if h.job_pid:
                 job = "%d %s" % (h.job_pid, h.job_cmdline or "?")
+            elif h.job_cmdline:  # a fleet holder's job in its first 0.1 s (its pid is written then)
+                job = h.job_cmdline
             elif h.label:
                 job = "[%s]" % h.label
             else:
                 job = h.cmdline or "?"
-            if h.label and h.job_pid:
+            if h.label and (h.job_pid or h.job_cmdline):
                 job += " [%s]" % h.label
             since = "-"
             if h.acquired_at:

@@ -389,12 +389,14 @@ def where(lock: RunLock) -> str:
     return lock.path if lock.mechanism == "etcd" else lock.directory
 
 
-def recorder(lock: RunLock, o: Options) -> Callable[[int], None]:
-    """The supervisor's on_start: name the job (pid, command line) in the lock's owner record for status."""
+def recorder(lock: RunLock, o: Options, defer: bool = False) -> Callable[[int], None]:
+    """The supervisor's on_start: name the job (pid, command line) in the lock's owner record for status.
+    `defer`: a fleet lock's record, already naming the job's command, gets its pid 0.1 s later (written by the
+    keep-alive thread: Lock.update_record), so that a job shorter than that costs no second write to etcd."""
 
     def record(pid: int) -> None:
         try:
-            lock.update_record(job_pid=pid, job_cmdline=c.join_command(o.command))
+            lock.update_record(job_pid=pid, job_cmdline=c.join_command(o.command), defer=defer)
         except Exception as exc:  # status would name hostlock instead of the job: say so, keep going
             if o.verbose:
                 c.say("cannot record the job's pid in the owner record: %s" % c.describe_error(exc))

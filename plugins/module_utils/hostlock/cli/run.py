@@ -57,6 +57,8 @@ def _run(o: Options, early: list[Started]) -> int:
                 c.say("waiting for %s lock %s in %s" % (_mode_text(o), o.name, where(lock)))
             t0 = time.monotonic()
             if fleet and isinstance(lock, Lock):  # a fleet lock is never --path's PathLock
+                # The record the key is queued with names the job's command; its pid comes later (on_start).
+                lock.update_record(job_cmdline=c.join_command(o.command))
                 lock.acquire(timeout=o.wait, meanwhile=_early_start(o, lock, early))
             else:
                 lock.acquire(timeout=o.wait)
@@ -83,7 +85,8 @@ def _run(o: Options, early: list[Started]) -> int:
             return c.EX_LOST
         try:
             if early:
-                outcome = supervise(early[0].job, started=early[0], env=fence_env(lock))
+                outcome = supervise(early[0].job, recorder(lock, o, defer=True), started=early[0],
+                                    env=fence_env(lock))
             else:
                 outcome = supervise(job_of(o, lock), recorder(lock, o))
         except OSError as exc:
@@ -106,21 +109,17 @@ def _run(o: Options, early: list[Started]) -> int:
     return outcome.exit_code()
 
 
-def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], Callable[[], None] | None]:
-    """What a fleet lock's acquire does while etcd grants its lease: fork the job's process (held at its gate)
-    and watcher, and name the job in the record the lock is taken with; once the lock's requests are all on
-    their way, let the job's process set itself up (Started.prepare). If the fork fails, the job is started
+def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], None]:
+    """What a fleet lock's acquire does once its requests (the lease's grant and the queue transaction) are on
+    their way to etcd: fork the job's process (held at its gate) and watcher. If that fails, the job is started
     the usual way once the lock is held (and that failure is reported)."""
 
-    def meanwhile() -> Callable[[], None] | None:
+    def meanwhile() -> None:
         try:
             start(job_of(o, lock), early)
         except OSError as exc:
             if o.verbose:
                 c.say("cannot fork the job yet (%s): trying again once the lock is held" % c.describe_error(exc))
-            return None
-        recorder(lock, o)(early[0].pid)
-        return early[0].prepare
 
     return meanwhile
 

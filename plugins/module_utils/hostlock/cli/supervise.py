@@ -159,9 +159,9 @@ def new_group_for(mode: str) -> bool:
 
 
 def _prctl() -> Callable[..., int] | None:
-    """libc's prctl(2) as a callable, or None. Made before the fork when the job's process execs at once
-    (supervise: the import in the child would cost more, in copy-on-write faults, and still be waited for);
-    in the job's process when it waits at its gate anyway (start: a fleet lock's round trips hide it).
+    """libc's prctl(2) as a callable, or None. Made before the fork, by hostlock: imported in the job's process,
+    _ctypes would cost it ~1 ms of copy-on-write faults (twice the import's own time), taken from etcd's CPU
+    on a machine with few cores while a fleet lock's requests are on their way.
 
     `_ctypes` directly: `import ctypes` costs ~4 ms more.
     """
@@ -189,26 +189,16 @@ def _prctl() -> Callable[..., int] | None:
         return None
 
 
-def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], Callable[..., int] | None],
-                gate: int, watched: bool) -> None:
+def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int] | None, gate: int,
+                watched: bool) -> None:
     """In the forked child: tie the job to hostlock's life, wait at the gate, restore signal state, exec.
-    Never returns. `make_prctl()`: prctl(2) or None, made before the fork (supervise) or here (start).
-
-    The gate says two things: "s" (set up now: hostlock is idle, its requests on their way to etcd; see
-    Started.prepare), then what to add to the environment and "g" (exec now). The setup waits for "s": the
-    CPU it takes (importing _ctypes, ~1 ms) would otherwise be taken from hostlock while it still has a
-    request to send, on a machine with few cores.
-    """
+    Never returns. `prctl`: prctl(2) or None, made before the fork (_prctl)."""
     argv = job.argv
     out_fd = job.out_fd
     code = c.EX_OSERR
     try:
         if job.new_group:
             os.setpgid(0, 0)
-        message = _read_gate(gate, once=True)
-        if not message.startswith(b"s"):
-            os._exit(c.EX_OSERR)  # EOF: hostlock died, or gave the job up (the lock was not taken)
-        prctl = make_prctl()
         if prctl is None and job.verbose:
             c.say("no prctl(PR_SET_PDEATHSIG) here: if hostlock is killed, only the watcher ends the job")
         if prctl is not None:
@@ -233,11 +223,11 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
         # Wait until hostlock has told the watcher our pid and holds the lock: it writes what to add to our
         # environment and "g", then closes its end. EOF without "g" (hostlock died first, or gave the job up
         # because the lock was not taken): never exec.
-        message += _read_gate(gate, once=False)
-        if not (message == b"sg" or message.endswith(b"\0g")):
+        message = _read_gate(gate)
+        if not (message == b"g" or message.endswith(b"\0g")):
             os._exit(c.EX_OSERR)
         os.close(gate)
-        for item in message[1:-1].split(b"\0"):
+        for item in message[:-1].split(b"\0"):
             if item:
                 key, _eq, value = item.partition(b"=")
                 environ[key] = value
@@ -255,16 +245,16 @@ def _exec_child(job: Job, parent: int, mask: set[int], make_prctl: Callable[[], 
         os._exit(code)
 
 
-def _read_gate(gate: int, once: bool) -> bytes:
-    """What the gate's pipe brings: the first chunk (`once`), or all until EOF; b"" at EOF."""
+def _read_gate(gate: int) -> bytes:
+    """All the gate's pipe brings, until EOF."""
     message = b""
     while True:
         try:
             chunk = os.read(gate, 4096)
         except InterruptedError:
             continue
-        if not chunk or once:
-            return message + chunk
+        if not chunk:
+            return message
         message += chunk
 
 
@@ -493,25 +483,13 @@ class Started:
     """A job's process, forked and held at its gate until supervise() lets it exec (or cancel() sends it away);
     its watcher, if any, knows its pid already. See start()."""
 
-    __slots__ = ("job", "pid", "gate", "watcher", "prepared")
+    __slots__ = ("job", "pid", "gate", "watcher")
 
     def __init__(self, job: Job, pid: int, gate: int, watcher: int) -> None:
         self.job = job  # as the process will run it (tagged for its watcher)
         self.pid = pid
         self.gate = gate  # our end of its gate; -1 once opened or closed
         self.watcher = watcher  # our end of the watcher's pipe, -1 without one (or once supervise took it)
-        self.prepared = False  # "s" written: the process sets itself up (PR_SET_PDEATHSIG...) for its exec
-
-    def prepare(self) -> None:
-        """Let the process set itself up for its exec now (see _exec_child), while the gate stays closed: call
-        it when this process has nothing to do for a while (a fleet lock's requests are on their way)."""
-        if self.gate < 0 or self.prepared:
-            return
-        self.prepared = True
-        try:
-            os.write(self.gate, b"s")
-        except OSError:
-            pass  # EPIPE: the process is gone (killed from outside); supervise() learns how from waitpid
 
     def cancel(self) -> None:
         """The job must not run (the lock was not taken): its process exits without exec'ing, its watcher with
@@ -537,25 +515,23 @@ def start(job: Job, keep: list[Started]) -> None:
     """Fork the job's watcher and process now, the process held at its gate, and append it to `keep` (before
     any signal can interrupt us); supervise(job, started=...) runs it, Started.cancel() sends it away.
 
-    For a lock that takes round trips to a server (a fleet lock): forked while the lease's grant is on its
-    way to etcd (Lock.acquire's `meanwhile`), the forks cost no time of their own, and the job's pid goes
-    into the owner record the lock is taken with (no second write). The job never runs before the gate
-    opens, and never if we die first. Only for jobs without lock descriptors: a host lock's watcher must be
-    forked once the lock is held, with duplicates of them (supervise() does both then).
+    For a lock that takes round trips to a server (a fleet lock): forked once its requests are on their way
+    to etcd (Lock.acquire's `meanwhile`), the forks and the prctl made for the job's process cost no time of
+    their own. The job never runs before the gate opens, and never if we die first. Only for jobs without
+    lock descriptors: a host lock's watcher must be forked once the lock is held, with duplicates of them
+    (supervise() does both then).
     """
     if job.lock_fds:
         raise ValueError("start(): a job with lock descriptors is started by supervise(), once the lock is held")
-    # prctl is made in the job's process (_prctl), not here: there it costs the copy-on-write faults of
-    # importing _ctypes (about 1 ms), but once Started.prepare() said so (our requests are on their way to
-    # etcd: we wait for its answers), off our path.
+    prctl = _prctl()
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)  # the processes are forked with them blocked
     try:
-        keep.append(_fork_job(job, old_mask, _prctl))
+        keep.append(_fork_job(job, old_mask, prctl))
     finally:
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
 
 
-def _fork_job(job: Job, mask: set[int], make_prctl: Callable[[], Callable[..., int] | None]) -> Started:
+def _fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Started:
     """Fork the watcher (if job.watch) and the job's process, told the job's pid; `mask` is the signal mask the
     job is exec'd with. Called with _WAITED blocked: neither child may die of a signal meant for the job (the
     watcher keeps them blocked)."""
@@ -588,7 +564,7 @@ def _fork_job(job: Job, mask: set[int], make_prctl: Callable[[], Callable[..., i
         os.close(gate_w)
         if watcher >= 0:
             os.close(watcher)  # only hostlock's death may close the watcher's pipe
-        _exec_child(job, parent, mask, make_prctl, gate_r, watcher >= 0)
+        _exec_child(job, parent, mask, prctl, gate_r, watcher >= 0)
     os.close(gate_r)
     if job.new_group:
         try:
@@ -619,9 +595,8 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
     """
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
     if started is None:
-        prctl = _prctl()  # here: the job's process execs at once, so its import would follow our own work
         try:
-            started = _fork_job(job, old_mask, lambda: prctl)
+            started = _fork_job(job, old_mask, _prctl())
         except OSError:
             _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
             raise
@@ -653,8 +628,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
 
     beat = tell() if valid_until is not None else None  # the watcher knows the deadline before the job runs
     try:
-        # The watcher knows the job: it may exec now (and set itself up first, if prepare() did not say so).
-        os.write(gate_w, (b"" if started.prepared else b"s") + _gate_message(env))
+        os.write(gate_w, _gate_message(env))  # the watcher knows the job: it may exec now
     except OSError:
         pass  # EPIPE: the child is already gone (killed from outside); waitpid tells how
     os.close(gate_w)

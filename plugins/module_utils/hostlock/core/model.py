@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     # a Lock only ever hands a locker back its own Held (one locker per Lock, chosen once).
     Held = Any
     Builder = Callable[[Optional[int], Optional[int]], bytes]  # (slot, ticket) -> the owner record
-    # A caller's work that overlaps a request's round trip (Lock.acquire's `meanwhile`); what it returns, if not
-    # None, is called once all the requests are on their way (fleet.etcd.Client.pipelined).
-    Meanwhile = Callable[[], Optional[Callable[[], None]]]
+    # A caller's work that overlaps a request's round trip (Lock.acquire's `meanwhile`), run once the requests
+    # that go together are on their way (fleet.etcd.Client.pipelined).
+    Meanwhile = Callable[[], None]
 
     class Locker(Protocol):
         """What a Lock needs of a mechanism (host.lockers' KernelLocker and RecordLocker, fleet.lock.EtcdLocker)."""
@@ -30,13 +30,14 @@ if TYPE_CHECKING:  # pragma: no cover
         def acquire(self, mode: str, fifo: bool, deadline: float | None, record: Builder,
                     meanwhile: Meanwhile | None = None) -> Held | None:
             """Held, with our owner record written, or None once the deadline has passed. `meanwhile()` may be
-            called (any number of times: the Lock runs it once) while a request is on its way to a server, and
-            what it returns once every request is."""
+            called (any number of times: the Lock runs it once) while a request is on its way to a server."""
 
         def release(self, held: Any) -> None:
             """Nothing of `held` is held any more when this returns."""
 
-        def write_record(self, held: Any, data: bytes) -> None: ...
+        def write_record(self, held: Any, data: bytes, defer: bool = False) -> None:
+            """Replace our record. `defer`: a moment later is as good (a fleet lock's keep-alive thread writes it,
+            and not at all if the lock is released first); a host lock's is written now either way."""
 
         def read_record(self, held: Any) -> bytes: ...
 

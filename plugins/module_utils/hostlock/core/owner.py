@@ -496,6 +496,8 @@ def describe_holder(h: Mapping[str, Any], detailed: bool = False, fleet: bool = 
             parts.append("user %s" % h["user"])
         if h.get("job_pid"):
             parts.append("job pid %s '%s'" % (h["job_pid"], _short(h.get("job_cmdline"))))
+        elif h.get("job_cmdline"):  # a fleet holder's job in its first 0.1 s (its pid is written then)
+            parts.append("job '%s'" % _short(h["job_cmdline"]))
         elif h.get("cmdline"):
             parts.append("'%s'" % _short(h["cmdline"]))
         if h.get("label"):

@@ -329,8 +329,8 @@ class Client:
         at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
         attempt that succeeded was sent (a lease's TTL runs from after that moment). `meanwhile()` is called
         once a request is sent, before its answer is read (on each attempt: the caller makes it run once),
-        so that the caller's own work overlaps etcd's; what it returns, if not None, is called right after it
-        (see pipelined). Neither may raise an Exception (an OSError would pass for the member's)."""
+        so that the caller's own work overlaps etcd's. It may not raise an Exception (an OSError would pass
+        for the member's)."""
         payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
@@ -387,15 +387,14 @@ class Client:
                   meanwhile: Meanwhile | None = None,
                   between: Callable[[dict], None] | None = None) -> tuple[dict | None, dict | None]:
         """Two requests in one round trip, on one connection to the member asked first: POST `body` to
-        /v3/`path`, run `meanwhile()`, then write the request `then()` builds (path, body) right behind it,
-        without waiting for the first's answer, then call what `meanwhile()` returned (if not None: both
-        requests are on their way, the caller has nothing to do until etcd answers). `meanwhile` and `then` run
-        only once the first request is written in full (sendall returned: it is on its way, and its answer is
-        the next thing the connection reads); when it could not be written, neither runs here. etcd's gateway
-        (Go's net/http) serves a connection's requests one after the other and answers them in order: the
-        second is handled once the first is done, as if sent after its answer. `between(reply)` runs once the
-        first is answered, while the second's answer is on its way. `sent[0]` is the boottime() at which the
-        first was sent.
+        /v3/`path`, write the request `then()` builds (path, body) right behind it without waiting for the
+        first's answer, then run `meanwhile()`: the caller's work overlaps etcd's, on both requests. `then` runs
+        only once the first request is written in full (sendall returned: its answer is the next thing the
+        connection reads), `meanwhile` once both are; what could not be written is left to the caller (a None
+        reply, below), and so is `meanwhile`. etcd's gateway (Go's net/http) serves a connection's requests one
+        after the other and answers them in order: the second is handled once the first is done, as if sent
+        after its answer. `between(reply)` runs once the first is answered, while the second's answer is on its
+        way. `sent[0]` is the boottime() at which the first was sent.
 
         Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
         then does that request (and the second, when the first is None) with call(), whose retries, errors and
@@ -425,12 +424,13 @@ class Client:
             self._next = (i + 1) % n
             return None, None
         try:
-            after = meanwhile() if meanwhile is not None else None
             path2, body2 = then()
             payload = dumps(body2).encode("utf-8")
             conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
-            if after is not None:
-                after()  # both requests are on their way: until etcd answers, the caller has nothing to do
+            # Both requests are on their way: until etcd answers, the caller has nothing else to do. Its work
+            # comes after the second's write, not between the two: etcd starts on the second while it works.
+            if meanwhile is not None:
+                meanwhile()
             first, close = self._clean(*conn.answer(end))
         except OSError:
             conn.close()
@@ -595,9 +595,7 @@ class _Conn:
         self.buf = b""
         self.send(request, timeout)
         if meanwhile is not None:
-            after = meanwhile()
-            if after is not None:
-                after()  # this request is all there is on its way
+            meanwhile()
         return self.answer(end)
 
     def send(self, request: bytes, timeout: float) -> None:

@@ -50,7 +50,9 @@ CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the
 # creation, so a deletion in between still arrives: a short job (`hostlock run NAME true`) ends before the
 # thread does any work that competes with its start, and a deleted key is known at most this much later.
 # Until the queue's answer names the key, the thread looks every KEY_WATCH_DELAY: no wake-up when it comes.
+# A record written with defer (write_record: `hostlock run`'s job's pid) waits as long, for the same reason.
 KEY_WATCH_DELAY = 0.1
+_INF = float("inf")
 # Held while a waiter that gives up takes its key out of the queue (EtcdLocker._attempt; cli.run likewise).
 INTERRUPTS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
 
@@ -152,6 +154,13 @@ def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | N
             lid = None
 
 
+def _rewrite_request(held: EtcdHeld, data: bytes) -> dict:
+    """The transaction that replaces our record, only while the key is still ours (same create_revision): never
+    one that recreates a key deleted meanwhile (its lease is in the put, but the compare fails first)."""
+    return {"compare": [{"key": b64(held.key), "target": "CREATE", "create_revision": str(held.fence)}],
+            "success": [{"request_put": {"key": b64(held.key), "value": b64(data), "lease": str(held.lease)}}]}
+
+
 def _entries(kvs: list | None) -> list:
     out = [Entry(kv) for kv in kvs or []]
     out.sort(key=lambda e: e.rev)
@@ -192,6 +201,8 @@ class Claim:
         self.unavailable = False
         self._from = 0  # the first watch of our key starts right after its creation: every change arrives
         self.watch_at = 0.0  # boottime from which the thread opens that watch
+        self.rewrite: tuple | None = None  # (held, record, boottime due): a record the thread writes (write_record)
+        self.writing = _thread.allocate_lock()  # held while our record is written: one write at a time, in order
         self._lost = False
         self._ended = False
         self._mutex = _thread.allocate_lock()
@@ -224,6 +235,14 @@ class Claim:
         """Also watch our own key (made at revision `created`): deleted or moved to another lease means lost."""
         self._from, self.key = created + 1, key
         self.watch_at = boottime() + KEY_WATCH_DELAY  # no _poke(): the thread looks by then (Session._loop)
+
+    def rewrite_later(self, held: EtcdHeld, data: bytes) -> None:
+        """Have the keep-alive thread write `data` as our record KEY_WATCH_DELAY from now, unless released (or
+        rewritten) first: a lock held for less than that costs no second write (EtcdLocker.write_record)."""
+        with self._mutex:
+            self.rewrite = (held, data, boottime() + KEY_WATCH_DELAY)
+        if self.session is not None:
+            self.session._poke()  # a thread asleep until the next keep-alive looks again now
 
     def _lose(self, why: str, unavailable: bool = False) -> None:
         with self._mutex:
@@ -470,6 +489,8 @@ class Session:
                 if self.orphans and not self._delete_orphans(next_ka):
                     wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
                 for claim in claims:
+                    if claim.rewrite is not None:
+                        wake_at = min(wake_at, self._rewrite(claim, next_ka))
                     if claim.key is None:  # being queued: its watch_key() comes with etcd's answer
                         wake_at = min(wake_at, now + KEY_WATCH_DELAY)  # waking us then would slow a job's start
                         continue
@@ -546,6 +567,32 @@ class Session:
             self.ok_at = max(self.ok_at, sent)
         return sent + interval
 
+    def _rewrite(self, claim: Claim, next_ka: float) -> float:
+        """Write the record claim.rewrite holds once it is due; returns when to look again (inf: nothing left)."""
+        pending = claim.rewrite
+        if pending is None:
+            return _INF
+        held, data, due = pending
+        if boottime() < due:
+            return due
+        with claim.writing:
+            if claim.rewrite is not pending:  # replaced by a later one, or by a write of the caller's own
+                return _INF if claim.rewrite is None else claim.rewrite[2]
+            try:
+                reply = self.client.call("kv/txn", _rewrite_request(held, data),
+                                         monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
+                                         attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
+            except (EtcdError, FleetUnavailable):
+                return boottime() + 0.5  # again after a pause, as for a watch that could not open
+            with claim._mutex:
+                if claim.rewrite is pending:
+                    claim.rewrite = None
+            if reply.get("succeeded"):
+                held.value = data
+                return _INF
+        claim._lose("our key %s was deleted (revoked, broken, or expired)" % held.key.decode("utf-8", "replace"))
+        return _INF
+
     def _open_watch(self, claim: Claim, next_ka: float) -> Watch | None:
         key = claim.key
         if key is None:  # not yet created: nothing to watch
@@ -607,7 +654,8 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
     """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
     (or when this process already has a key of that lock name on it: then a lease of its own). Sets
     claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for.
-    `meanwhile` runs while a grant is on its way (not at all when the lease is there already).
+    `meanwhile` runs while the grant is on its way (with `queue`: once both requests are; not at all when the
+    lease is there already).
 
     `queue(lease id)`: the request (path, body) that puts our key on the lease. When a grant is needed, it is
     written right behind the grant, on the same connection, without waiting for the grant's answer (etcd
@@ -671,8 +719,9 @@ class EtcdLocker:
         reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
         A waiter that loses its place before it holds (its lease ended in an outage longer than the TTL, its
         key deleted, the lease gone between grant and put) queues again, on a new lease, while its time
-        remains: a wait of D waits for D. `meanwhile` runs while the lease's grant is on its way: the key's
-        record is built after it (it may name what it started).
+        remains: a wait of D waits for D. `meanwhile` runs while the lease's grant is on its way (and, when they
+        go together, the queue transaction with our record: built before it, the record names nothing it starts;
+        the Lock writes a record it changed once held).
         """
         while True:
             try:
@@ -691,7 +740,7 @@ class EtcdLocker:
             built: list = []
 
             def queue(lease: int) -> tuple[str, dict]:
-                built[:] = [record(None, None)]  # after `meanwhile`: the record may name what it started
+                built[:] = [record(None, None)]
                 return "kv/txn", self._enqueue(self.prefix + b"%x" % lease, lease, built[0])
 
             session, queued = join(self.backend, self.prefix, self.ttl, self._net_deadline(deadline), claim, ids,
@@ -943,12 +992,19 @@ class EtcdLocker:
         if etcd cannot be reached, it expires within the TTL. Never raises for a lock already lost."""
         self._leave(held.session, held.key, held.fence)
 
-    def write_record(self, held: EtcdHeld, data: bytes) -> None:
-        """Replace our record, only while the key is still ours (same create_revision)."""
-        reply = self.client.call("kv/txn", {
-            "compare": [{"key": b64(held.key), "target": "CREATE", "create_revision": str(held.fence)}],
-            "success": [{"request_put": {"key": b64(held.key), "value": b64(data), "lease": str(held.lease)}}]},
-            monotonic() + self.ttl)
+    def write_record(self, held: EtcdHeld, data: bytes, defer: bool = False) -> None:
+        """Replace our record, only while the key is still ours (same create_revision). `defer`: the keep-alive
+        thread writes it KEY_WATCH_DELAY later, and not at all if the lock is released (or the record written
+        again) first, so that a lock held that briefly costs no second round trip (`hostlock run`'s job's pid);
+        a key found gone then is the claim's loss (on_lost), as the thread's watch of it would find."""
+        claim = held.session
+        if defer:
+            claim.rewrite_later(held, data)
+            return
+        with claim.writing:
+            with claim._mutex:
+                claim.rewrite = None  # this one is newer
+            reply = self.client.call("kv/txn", _rewrite_request(held, data), monotonic() + self.ttl)
         if not reply.get("succeeded"):
             raise LockLost("lost %s: our key is gone" % self.path)
         held.value = data

@@ -142,8 +142,8 @@ class KernelLocker:
         """The ranges are free (and our record blanked) when this returns."""
         self.mech.release(held)
 
-    def write_record(self, held: _kernel.Held, data: bytes) -> None:
-        self.mech.write_record(held, data)
+    def write_record(self, held: _kernel.Held, data: bytes, defer: bool = False) -> None:
+        self.mech.write_record(held, data)  # a file's write: now, deferred or not
 
     def read_record(self, held: _kernel.Held) -> bytes:
         return self.mech.read_record(held)
@@ -209,8 +209,8 @@ class RecordLocker:
         finally:
             os.close(dirfd)
 
-    def write_record(self, held: RecordHeld, data: bytes) -> None:
-        self.mech.write_record(held, data)
+    def write_record(self, held: RecordHeld, data: bytes, defer: bool = False) -> None:
+        self.mech.write_record(held, data)  # a file's write: now, deferred or not
 
     def read_record(self, held: RecordHeld) -> bytes:
         return self.mech.read_record(held)

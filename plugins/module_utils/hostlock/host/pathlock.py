@@ -164,7 +164,8 @@ class PathLock:
         """The locked descriptor, for the supervisor's watcher (see Lock.descriptors)."""
         return [self.fd] if self.fd >= 0 else []
 
-    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None) -> None:
+    def update_record(self, job_pid: int | None = None, job_cmdline: str | None = None, *,
+                      defer: bool = False) -> None:
         """No owner record for a path lock: `status --path` reads holders and jobs from /proc."""
         return None
 
