@@ -18,7 +18,7 @@ waits for has often come already when it reads the queue.
 Counts: "events" are all the watch events etcd sent (its etcd_debugging_mvcc_events_total counter), the
 keep-alive threads' watches on their own keys included (an admitted slot taker's own rewrite is one of
 them); "wakes" are the event batches the waiting threads received (counted in each waiter process, around
-fleet.etcd.Watch.events), split into those a deletion (a release) brought and those a rewrite brought.
+fleet.watch.Watch.events), split into those a deletion (a release) brought and those a rewrite brought.
 
     .venv/bin/python benchmarks/fleet_wakes.py [N] [--slots S] [--hold SECONDS]
 """
@@ -43,14 +43,14 @@ import hostlock  # noqa: E402
 # A waiter: counts the event batches its waiting (main) thread receives, those with a deletion and the others
 # (rewrites), takes the lock, holds it, lets it go, prints both counts.
 WAITER = """import _thread, sys, time, hostlock
-from hostlock.fleet import etcd
-main, wakes, real = _thread.get_ident(), [0, 0], etcd.Watch.events
+from hostlock.fleet import watch
+main, wakes, real = _thread.get_ident(), [0, 0], watch.Watch.events
 def events(self, deadline):
     evs = real(self, deadline)
     if evs and _thread.get_ident() == main:
         wakes[0 if any(kind == "DELETE" for kind, key, kv in evs) else 1] += 1
     return evs
-etcd.Watch.events = events
+watch.Watch.events = events
 lock = hostlock.Lock('w', slots=int(sys.argv[2]), fleet=sys.argv[1])
 lock.acquire()
 time.sleep(float(sys.argv[3]))

@@ -35,7 +35,7 @@ def lease_marker(label: str | None) -> str | None:
 
 def holder_summary(holder: dict) -> str:
     """One line naming a holder: who (pid, user, command or job), why (label) and until when."""
-    from .hostlock.core.owner import describe_holder  # the engine's one holder text, in its detailed form
+    from .hostlock.core.holder import describe_holder  # the engine's one holder text, in its detailed form
 
     return describe_holder(holder, detailed=True)
 

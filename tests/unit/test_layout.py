@@ -18,15 +18,17 @@ ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "plugins" / "module_utils" / "hostlock"
 PREFIX = "ansible_collections.hostlock.core.plugins.module_utils.hostlock"
 
-# What each part may import (besides itself). The policy (api) reaches fleet/ only by name (__import__).
+# What each part may import (besides itself). The policy (api) and the read side (queries) reach fleet/ only by name
+# (core.model.fleet_backend's __import__).
 ALLOWED = {
     "core": {"core"},
     "host": {"core", "host"},
     "fleet": {"core", "fleet"},
-    "api": {"core", "host"},
-    "lease": {"api", "core", "host"},
-    "__init__": {"api", "lease", "core", "host"},
-    "cli": {"__init__", "api", "lease", "core", "host", "fleet", "cli"},
+    "queries": {"core", "host"},
+    "api": {"core", "host", "queries"},
+    "lease": {"api", "queries", "core", "host"},
+    "__init__": {"api", "queries", "lease", "core", "host"},
+    "cli": {"__init__", "api", "queries", "lease", "core", "host", "fleet", "cli"},
     "__main__": {"cli"},
 }
 

@@ -8,7 +8,7 @@ hosts (fleet=URL), in etcd v3. This module is the public API; docs/layout.md map
 
 from __future__ import annotations
 
-from .api import Lock, break_lock, fleet_backend, holders, list_locks, status
+from .api import Lock
 from .core.errors import (
     CorruptLockFile,
     FleetConfigError,
@@ -24,32 +24,40 @@ from .core.errors import (
     MechanismError,
     TokenError,
 )
-from .core.model import STATUS_SCHEMA, LockStatus
+from .core.model import STATUS_SCHEMA, LockStatus, fleet_backend
 from .core.names import MAX_DURATION, parse_duration, validate_name
-from .core.owner import Holder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    from .core.holder import Holder
     from .host.directory import SYSTEM_DIRECTORY, default_directory
+    from .queries import break_lock, holders, list_locks, status
 
 __version__ = "0.1.0"
-_HOST_NAMES = ("SYSTEM_DIRECTORY", "default_directory")
+# Loaded on first use (PEP 562): importing the package, as `hostlock run` does for hostlock.cli, loads neither
+# a host mechanism nor the read side (queries: status, holders, list_locks, break_lock; core.holder: a holder's
+# proofs and texts). Only from the command's
+# bundle, whose code comes from a file held open since the start (cli/bundle.py): imported from files, they
+# come now, so that a process that drops its privileges (or whose engine is upgraded under it) after importing
+# hostlock still has them (as api.py imports the host mechanisms).
+_LAZY = {"SYSTEM_DIRECTORY": "host.directory", "default_directory": "host.directory", "Holder": "core.holder",
+         "status": "queries", "holders": "queries", "list_locks": "queries", "break_lock": "queries"}
+if not getattr(getattr(globals().get("__spec__"), "loader", None), "PINNED", False):
+    from .core.holder import Holder  # noqa: F811
+    from .queries import break_lock, holders, list_locks, status  # noqa: F811
 
 
 def __getattr__(name: str) -> object:
-    """SYSTEM_DIRECTORY and default_directory come from host/ on first use (PEP 562): importing the package
-    (as `hostlock run --fleet` does, for hostlock.cli) loads no host mechanism."""
-    if name in _HOST_NAMES:
-        from .host import directory
-
-        value = getattr(directory, name)
-        globals()[name] = value
-        return value
-    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError("module %r has no attribute %r" % (__name__, name))
+    value = getattr(__import__(where, globals(), None, (name,), 1), name)
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list:
-    return sorted(set(globals()) | set(_HOST_NAMES))
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, label: str | None = None,

@@ -152,7 +152,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
     if last.startswith("TIMEOUT"):
         if path is not None:
             raise LockTimeout("%s is busy" % path, holders=_PathHolding(path)._holders(), path=path)
-        from .api import status
+        from .queries import status
 
         raise status(name, directory).timed_out(timeout)
     raise HostlockError("lease holder for %r failed: %s" % (name, last[4:] if last.startswith("ERR ") else

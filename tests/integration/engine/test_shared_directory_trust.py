@@ -15,6 +15,7 @@ import pytest
 from engine_helpers import LIB, VICTIM, as_member, needs_users, victim_signals, wait_line
 
 import hostlock
+from hostlock.core import holder as _holder
 from hostlock.core import owner as _owner
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by uid 65534 (the venv's interpreter may live under /root)
@@ -162,7 +163,7 @@ def test_a_forged_record_naming_a_process_that_only_has_the_file_open_is_never_a
     assert victim.stdout.readline().startswith("ready")
     member = None
     try:
-        assert _owner.holds_open(victim.pid, os.stat(path).st_dev, os.stat(path).st_ino)
+        assert _holder.holds_open(victim.pid, os.stat(path).st_dev, os.stat(path).st_ino)
         line = "HL1" + "".join("|%s=%s" % kv for kv in dict(
             pid=victim.pid, start=_owner.start_time(victim.pid), boot=_owner.BOOT_ID, host=_owner.HOSTNAME,
             uid=0, cmd="forged", mode="exclusive", at=time.time() - 60, lease=time.time() - 30).items())

@@ -6,7 +6,7 @@ wakes the waiter it admits and that one wakes the next, never the whole queue (`
 
 Each taker is a process of its own (TAKER below): it says "held FENCE" once it holds, releases when told (a
 line on its stdin), and then says how many event batches its waiting thread received ("wakes N", counted
-around fleet.etcd.Watch.events, the hook benchmarks/fleet_wakes.py uses); etcd's own counter of the watch
+around fleet.watch.Watch.events, the hook benchmarks/fleet_wakes.py uses); etcd's own counter of the watch
 events it sent (etcd_debugging_mvcc_events_total) counts every watcher. Every wait is on a line from a pipe
 or a process ending, under a hang guard; nothing asserts on timings.
 """
@@ -31,15 +31,15 @@ TAKER = """
 import _thread, os, signal, sys
 sys.path.insert(0, %(lib)r)
 import hostlock
-from hostlock.fleet import etcd, lock as fleet_lock
+from hostlock.fleet import lock as fleet_lock, watch
 url, name, slots, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-main, wakes, real = _thread.get_ident(), [0], etcd.Watch.events
+main, wakes, real = _thread.get_ident(), [0], watch.Watch.events
 def events(self, deadline):
     evs = real(self, deadline)
     if evs and _thread.get_ident() == main:
         wakes[0] += 1
     return evs
-etcd.Watch.events = events
+watch.Watch.events = events
 if how == "die-before-rewrite":  # admitted, then killed before it could tell the waiter behind it
     fleet_lock.EtcdLocker._rewrite = lambda self, key, fence: os.kill(os.getpid(), signal.SIGKILL)
 lock = hostlock.Lock(name, slots=slots, fleet=url, ttl=60)

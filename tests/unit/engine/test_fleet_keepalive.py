@@ -10,7 +10,8 @@ import threading
 
 from hostlock.core.clock import boottime
 from hostlock.fleet import lock as _lock
-from hostlock.fleet.etcd import Watch
+from hostlock.fleet import watch as _watch
+from hostlock.fleet.watch import Watch
 
 GUARD = 30.0  # seconds: a hang guard, never a measured bound
 
@@ -21,8 +22,8 @@ def _chunk(message: dict) -> bytes:
 
 
 class _Client:
-    """Answers keep-alives; its watches come with `leftover` already read (after their "created" answer) and
-    a socket on which nothing more ever arrives."""
+    """Answers keep-alives; its watches (fleet.watch.open_watch, patched to ask it) come with `leftover` already
+    read (after their "created" answer) and a socket on which nothing more ever arrives."""
 
     answering = 0
     endpoints = [("127.0.0.1", 2379)]
@@ -42,7 +43,7 @@ class _Client:
         return w
 
 
-def test_an_event_read_with_the_watchs_created_answer_is_not_left_unseen():
+def test_an_event_read_with_the_watchs_created_answer_is_not_left_unseen(monkeypatch):
     """etcd can send a watch's "created" answer and the key's DELETE in one segment (the key deleted before
     the watch opened): Watch.open() reads both and returns with the DELETE buffered. select() on the socket
     never wakes for it; the thread must see it in the buffer, or the holder would never learn its key is gone
@@ -51,6 +52,7 @@ def test_an_event_read_with_the_watchs_created_answer_is_not_left_unseen():
     leftover = _chunk({"result": {"header": {"revision": "9"},
                                   "events": [{"type": "DELETE", "kv": {"key": base64.b64encode(key).decode()}}]}})
     client = _Client(leftover)
+    monkeypatch.setattr(_watch, "open_watch", lambda c, *a, **kw: c.watch(*a, **kw))
     claim = _lock.Claim()
     lost = threading.Event()
     session = _lock.Session(client, 7, 10.0, boottime(), claim, None)

@@ -1,4 +1,4 @@
-"""The fleet queue rule (hostlock/fleet/lock.py blockers()), on keys as etcd returns them: who holds, who
+"""The fleet queue rule (hostlock/fleet/queue.py blockers()), on keys as etcd returns them: who holds, who
 waits, and behind whom. The same rule decides acquire() and status(), so both are checked here at once."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import base64
 
 import pytest
 
-from hostlock.fleet.lock import Entry, _entries, blockers
+from hostlock.fleet.queue import Entry, blockers, in_order
 
 
 def kv(rev: int, mode: str | None = "exclusive", slots: int = 1) -> dict:
@@ -18,7 +18,7 @@ def kv(rev: int, mode: str | None = "exclusive", slots: int = 1) -> dict:
 
 
 def holding(kvs: list) -> list:
-    entries = _entries(kvs)
+    entries = in_order(kvs)
     return [e.rev for i, e in enumerate(entries) if not blockers(entries, i)]
 
 
@@ -38,9 +38,9 @@ def test_who_holds(queue, holders):
 
 
 def test_an_exclusive_waiter_waits_for_the_last_key_ahead_and_a_slot_waiter_for_any():
-    entries = _entries([kv(3), kv(4), kv(7)])
+    entries = in_order([kv(3), kv(4), kv(7)])
     assert [e.rev for e in blockers(entries, 2)] == [3, 4]  # watched: 4, the last one ahead (etcd's Mutex)
-    slots = _entries([kv(3, "exclusive", 2), kv(4, "exclusive", 2), kv(7, "exclusive", 2)])
+    slots = in_order([kv(3, "exclusive", 2), kv(4, "exclusive", 2), kv(7, "exclusive", 2)])
     assert [e.rev for e in blockers(slots, 2)] == [3, 4]  # either leaving frees a slot
 
 

@@ -1,6 +1,6 @@
-"""The one holder text (core/owner.describe_holder) in its three uses: engine errors, a task's msg, gc --fleet."""
+"""The one holder text (core/holder.describe_holder) in its three uses: engine errors, a task's msg, gc --fleet."""
 
-from hostlock.core.owner import describe_holder
+from hostlock.core.holder import describe_holder
 
 FLEET = dict(record_ok=True, pid=12, user="root", cmdline="backup.sh", hostname="web1", fence=None, label="L")
 

@@ -12,6 +12,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from hostlock.core import holder as _holder  # noqa: E402
 from hostlock.core import owner as _owner  # noqa: E402
 
 KEYS = ["pid", "start", "boot", "host", "pidns", "uid", "cmd", "mode", "slot", "at", "lease", "label", "jpid",
@@ -31,7 +32,7 @@ def _encode(fields: dict) -> bytes:
     return (_owner.MAGIC + _owner.encode_fields(fields) + "\n").encode("utf-8")
 
 
-def _check(h: _owner.Holder) -> None:
+def _check(h: _holder.Holder) -> None:
     """Everything status, list and break do with a holder: describe it, serialize it, judge it."""
     assert isinstance(h.describe(), str) and repr(h)
     json.dumps(h.to_json())
@@ -47,7 +48,7 @@ def test_parse_record_never_raises_on_any_bytes(data):
     fields = _owner.parse_record(data)
     assert fields is None or (isinstance(fields, dict) and "pid" in fields
                               and all(isinstance(k, str) and isinstance(v, str) for k, v in fields.items()))
-    _check(_owner.Holder(fields))
+    _check(_holder.Holder(fields))
 
 
 @settings(max_examples=400, deadline=None)
@@ -56,14 +57,14 @@ def test_holder_from_any_well_formed_record_never_raises(fields, file, mode, slo
     fields.setdefault("pid", str(os.getpid()))
     parsed = _owner.parse_record(_encode(fields))
     assert parsed == fields  # escaping round-trips every value
-    _check(_owner.Holder(parsed, mode, slot, file))
+    _check(_holder.Holder(parsed, mode, slot, file))
 
 
 @settings(max_examples=200, deadline=None)
 @given(FIELDS, st.integers(-(2 ** 40), 2 ** 40))
 def test_a_record_claiming_another_uid_than_its_file_owner_is_always_forged(fields, file_uid):
     fields.setdefault("pid", "1")
-    h = _owner.Holder(_owner.parse_record(_encode(fields)), file=(0, 0, file_uid))
+    h = _holder.Holder(_owner.parse_record(_encode(fields)), file=(0, 0, file_uid))
     if h.uid != file_uid:
         assert h.forged and h.verified is False and h.prove() is False and "forged" in h.problem
 

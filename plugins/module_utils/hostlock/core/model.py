@@ -79,6 +79,21 @@ MECHANISM_CHOICES = ("auto", *MECHANISMS)
 STATUS_SCHEMA = "hostlock.status/1"  # the version of LockStatus.to_json()/Holder.to_json() (docs/cli.md)
 
 
+_FLEET = __name__.rsplit(".", 2)[0] + ".fleet"  # hostlock.fleet, wherever hostlock is imported from
+
+
+def fleet_backend(fleet: str) -> Backend:
+    """The fleet Backend for a URL (etcd), loaded only when a fleet is used: host locks never import it. Here,
+    with the seam it picks, for the policy (api: Lock) and the read side (queries) alike.
+
+    Loaded by name, not by an import statement: Ansible's module dependency finder follows every import
+    statement (those inside functions too) into a module's payload, and fleet code never runs on a managed
+    host. tests/unit/test_layout.py keeps every other arrow into fleet/ out of what a host imports.
+    """
+    # __import__, not importlib.import_module: `import importlib` loads `warnings` too, on every fleet start.
+    return __import__(_FLEET, None, None, ("backend",), 0).backend(fleet)
+
+
 class LockStatus:
     """One lock as seen from outside: who holds it, how many wait, and whether anything is stale.
 

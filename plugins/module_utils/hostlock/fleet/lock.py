@@ -24,26 +24,25 @@ import _signal
 import _thread
 import time
 
-from ..core import admission
 from ..core import oslite as os
 from ..core.clock import boottime
-from ..core.errors import FleetUnavailable, HostlockError, LockLost, TokenError
-from ..core.names import check_duration, validate_name
-from ..core.owner import Holder, build_record, parse_record, record_prefix
+from ..core.errors import FleetUnavailable, HostlockError, LockLost
+from ..core.names import check_duration
 from .b64 import b64, unb64
-from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, WatchClosed, monotonic, prefix_end
+from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, monotonic, prefix_end
+from .grant import grant, grant_body, lease_id
+from .queue import Entry, blockers, in_order, waits_on
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Optional
 
     from ..core.model import LockStatus, Meanwhile
-    from .etcd import Watch
     from .url import FleetURL
+    from .watch import Watch
 
     Builder = Callable[[Optional[int], Optional[int]], bytes]
 
-DEFAULT_TTL = 10.0
 CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
 CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
 # A holder's watch on its own key opens this long after the key was made, from the revision after its
@@ -62,109 +61,11 @@ def _margin(ttl: float) -> float:
     return min(1.0, ttl * 0.1)
 
 
-class Entry:
-    """One key of a lock: a holder or a waiter."""
-
-    __slots__ = ("key", "rev", "lease", "fields", "mode", "slots", "value")
-
-    def __init__(self, kv: dict) -> None:
-        self.key = unb64(kv.get("key"))
-        self.rev = int(kv.get("create_revision") or 0)
-        self.lease = int(kv.get("lease") or 0)
-        self.value = unb64(kv.get("value"))
-        self.fields = parse_record(self.value) if self.value else None
-        f = self.fields or {}
-        self.mode = "shared" if f.get("mode") == "shared" else "exclusive"
-        try:
-            self.slots = max(1, min(int(f.get("slots") or 1), 1 << 20))
-        except ValueError:
-            self.slots = 1
-
-    @property
-    def lease_hex(self) -> str:
-        return self.key.rsplit(b"/", 1)[-1].decode("ascii", "replace")
-
-
-def blockers(entries: list, i: int) -> list:
-    """The entries that keep entries[i] from holding (empty: it holds). `entries` sorted by create_revision."""
-    me = entries[i]
-    # etcdctl's keys (no owner record) count as exclusive takers of one slot (Entry's defaults)
-    return admission.blockers(entries[:i], me.mode, me.slots)
-
-
-def waits_on(entries: list, i: int) -> tuple:
-    """What entries[i], which does not hold, watches: (key, rewritten). key None: the deletion of any key of
-    the name; rewritten: the key's rewrite (a put) wakes it as well as its deletion.
-
-    - by default, the last key that blocks it, for its deletion (etcd's waitDeletes);
-    - a slot taker whose key just ahead is a slot taker of the same N that holds: it is the first not admitted
-      (exactly N takers ahead, all holding: the rule in core.admission), and any of them leaving admits it;
-    - a slot taker whose key just ahead is a slot taker of the same N that waits too: it holds no sooner than
-      that one (a taker of another kind that keeps that one out is ahead of both; N takers ahead of that one
-      are N+1 ahead of it), and that one rewrites its key once it holds (EtcdLocker._rewrite): the rewrite, or
-      the key's deletion, wakes exactly this waiter, which reads the queue again and is now the first not
-      admitted (or holds).
-
-    So a release wakes the slot taker it admits, and that one's rewrite the next, never the whole queue. A
-    rewrite missed (its writer killed before it, or etcd did not take it) is found by the check of a silent
-    watch (CHECK_EVERY: a read of the queue), and the key's deletion ends the watch anyway.
-    """
-    me = entries[i]
-    if me.slots > 1 and i and entries[i - 1].slots == me.slots:
-        ahead = entries[i - 1]
-        return (ahead, True) if blockers(entries, i - 1) else (None, False)
-    blocking = blockers(entries, i)
-    return (blocking[-1] if blocking else None), False
-
-
-LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
-
-
-def lease_id() -> int:
-    return (int.from_bytes(os.urandom(8), "big") >> 1) or 1  # 63 bits: etcd's ids are positive int64
-
-
-def _grant_body(ttl: float, lid: int) -> dict:
-    # -(-x // 1): ceil(x) without `math` (a shared library on many builds: one dlopen less at start)
-    return {"TTL": max(1, int(-(-ttl // 1))), "ID": str(lid)}
-
-
-def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | None = None,
-          meanwhile: Meanwhile | None = None, lid: int | None = None) -> dict:
-    """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
-    interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
-    revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL.
-    `lid`: the id to ask for first (in `ids` already: a pipelined grant whose answer was not seen, asked
-    again as call() asks again after a lost answer). `meanwhile`: see Client.call."""
-    while True:
-        if lid is None:
-            lid = lease_id()
-            ids.append(lid)
-        try:
-            return client.call("lease/grant", _grant_body(ttl, lid), deadline, sent=sent, meanwhile=meanwhile)
-        except EtcdError as e:
-            if e.code != LEASE_EXISTS:
-                raise
-            # Our own grant, retried after its answer was lost: its TTL runs from a send earlier than `sent`
-            # says. Give it up and take another id, rather than trust a clock started too late.
-            try:
-                client.call("lease/revoke", {"ID": str(lid)}, deadline)
-            except (EtcdError, FleetUnavailable):
-                pass
-            lid = None
-
-
-def _rewrite_request(held: EtcdHeld, data: bytes) -> dict:
+def _record_request(held: EtcdHeld, data: bytes) -> dict:
     """The transaction that replaces our record, only while the key is still ours (same create_revision): never
     one that recreates a key deleted meanwhile (its lease is in the put, but the compare fails first)."""
     return {"compare": [{"key": b64(held.key), "target": "CREATE", "create_revision": str(held.fence)}],
             "success": [{"request_put": {"key": b64(held.key), "value": b64(data), "lease": str(held.lease)}}]}
-
-
-def _entries(kvs: list | None) -> list:
-    out = [Entry(kv) for kv in kvs or []]
-    out.sort(key=lambda e: e.rev)
-    return out
 
 
 class _LostPlace(Exception):
@@ -201,7 +102,7 @@ class Claim:
         self.unavailable = False
         self._from = 0  # the first watch of our key starts right after its creation: every change arrives
         self.watch_at = 0.0  # boottime from which the thread opens that watch
-        self.rewrite: tuple | None = None  # (held, record, boottime due): a record the thread writes (write_record)
+        self.later: tuple | None = None  # (held, record, boottime due): a record the thread writes (write_record)
         self.writing = _thread.allocate_lock()  # held while our record is written: one write at a time, in order
         self._lost = False
         self._ended = False
@@ -236,11 +137,11 @@ class Claim:
         self._from, self.key = created + 1, key
         self.watch_at = boottime() + KEY_WATCH_DELAY  # no _poke(): the thread looks by then (Session._loop)
 
-    def rewrite_later(self, held: EtcdHeld, data: bytes) -> None:
+    def record_later(self, held: EtcdHeld, data: bytes) -> None:
         """Have the keep-alive thread write `data` as our record KEY_WATCH_DELAY from now, unless released (or
         rewritten) first: a lock held for less than that costs no second write (EtcdLocker.write_record)."""
         with self._mutex:
-            self.rewrite = (held, data, boottime() + KEY_WATCH_DELAY)
+            self.later = (held, data, boottime() + KEY_WATCH_DELAY)
         if self.session is not None:
             self.session._poke()  # a thread asleep until the next keep-alive looks again now
 
@@ -489,8 +390,8 @@ class Session:
                 if self.orphans and not self._delete_orphans(next_ka):
                     wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
                 for claim in claims:
-                    if claim.rewrite is not None:
-                        wake_at = min(wake_at, self._rewrite(claim, next_ka))
+                    if claim.later is not None:
+                        wake_at = min(wake_at, self._write_later(claim, next_ka))
                     if claim.key is None:  # being queued: its watch_key() comes with etcd's answer
                         wake_at = min(wake_at, now + KEY_WATCH_DELAY)  # waking us then would slow a job's start
                         continue
@@ -519,7 +420,7 @@ class Session:
                     w = watches[claim]
                     try:
                         evs = w.events(monotonic() + 0.05)
-                    except (WatchClosed, OSError):
+                    except OSError:  # WatchClosed among them: the stream ended
                         watches.pop(claim).close()  # reopened after reading the key again: nothing is missed
                         continue
                     self._check(claim, evs)
@@ -567,26 +468,26 @@ class Session:
             self.ok_at = max(self.ok_at, sent)
         return sent + interval
 
-    def _rewrite(self, claim: Claim, next_ka: float) -> float:
-        """Write the record claim.rewrite holds once it is due; returns when to look again (inf: nothing left)."""
-        pending = claim.rewrite
+    def _write_later(self, claim: Claim, next_ka: float) -> float:
+        """Write the record claim.later holds once it is due; returns when to look again (inf: nothing left)."""
+        pending = claim.later
         if pending is None:
             return _INF
         held, data, due = pending
         if boottime() < due:
             return due
         with claim.writing:
-            if claim.rewrite is not pending:  # replaced by a later one, or by a write of the caller's own
-                return _INF if claim.rewrite is None else claim.rewrite[2]
+            if claim.later is not pending:  # replaced by a later one, or by a write of the caller's own
+                return _INF if claim.later is None else claim.later[2]
             try:
-                reply = self.client.call("kv/txn", _rewrite_request(held, data),
+                reply = self.client.call("kv/txn", _record_request(held, data),
                                          monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
                                          attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
             except (EtcdError, FleetUnavailable):
                 return boottime() + 0.5  # again after a pause, as for a watch that could not open
             with claim._mutex:
-                if claim.rewrite is pending:
-                    claim.rewrite = None
+                if claim.later is pending:
+                    claim.later = None
             if reply.get("succeeded"):
                 held.value = data
                 return _INF
@@ -594,6 +495,8 @@ class Session:
         return _INF
 
     def _open_watch(self, claim: Claim, next_ka: float) -> Watch | None:
+        from .watch import open_watch  # loaded by the thread, KEY_WATCH_DELAY in: never for a short hold
+
         key = claim.key
         if key is None:  # not yet created: nothing to watch
             return None
@@ -603,8 +506,8 @@ class Session:
             # compacted start cancels the watch; the reopen below then reads the key first).
             start, claim._from = claim._from, 0
             try:
-                return self.client.watch(key, None, start, deadline, filters=(), wake=(self._stop_r,),
-                                         min_try=0.0)
+                return open_watch(self.client, key, None, start, deadline, filters=(), wake=(self._stop_r,),
+                                  min_try=0.0)
             except (FleetUnavailable, EtcdError, OSError):
                 return None
         try:
@@ -620,7 +523,7 @@ class Session:
                 claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
                 return None
             rev = int((reply.get("header") or {}).get("revision") or 0)
-            return self.client.watch(key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,), min_try=0.0)
+            return open_watch(self.client, key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,), min_try=0.0)
         except (FleetUnavailable, EtcdError, OSError):
             return None
 
@@ -686,7 +589,7 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
         if queue is not None:
             lid = lease_id()
             ids.append(lid)
-            reply, queued = backend.client.pipelined("lease/grant", _grant_body(ttl, lid), lambda: queue(lid),
+            reply, queued = backend.client.pipelined("lease/grant", grant_body(ttl, lid), lambda: queue(lid),
                                                      deadline, sent, meanwhile, start)
             if reply is None:
                 start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
@@ -829,7 +732,7 @@ class EtcdLocker:
             rev = int((reply.get("header") or {}).get("revision") or 0)
             responses = reply.get("responses") or [{}]
             kvs = (responses[-1].get("response_range") or {}).get("kvs") if "responses" in reply else reply.get("kvs")
-            entries = _entries(kvs)
+            entries = in_order(kvs)
             idx = next((k for k, e in enumerate(entries) if e.key == key), None)
             if idx is None:
                 raise self._gone(session, "our place in the queue of %s vanished while waiting" % self.path)
@@ -889,7 +792,9 @@ class EtcdLocker:
         # Watch from now, then look: a change before the watch began is in the read below, one after it in
         # the stream. (A watch from the older revision `rev`+1 would be "unsynced" in etcd while others write,
         # and its first event wait for etcd's catch-up loop: up to 100 ms per wait under contention.)
-        w = self.client.watch(key, end, 0, self._net_deadline(deadline), filters=filters, wake=(session.lost_r,))
+        from .watch import open_watch  # a waiter's: a lock free at once never loads it
+
+        w = open_watch(self.client, key, end, 0, self._net_deadline(deadline), filters=filters, wake=(session.lost_r,))
         try:
             reply = self.client.call("kv/range", self._keys(None if whole else target), self._net_deadline(deadline))
             present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
@@ -926,7 +831,7 @@ class EtcdLocker:
                 return None
             try:
                 evs = w.events(quiet_until if deadline is None else min(deadline, quiet_until))
-            except (WatchClosed, OSError):
+            except OSError:  # WatchClosed among them: the stream ended
                 return None  # the stream ended (member down, compaction): read again, watch from there
             if evs is None:
                 if monotonic() >= quiet_until:
@@ -999,12 +904,12 @@ class EtcdLocker:
         a key found gone then is the claim's loss (on_lost), as the thread's watch of it would find."""
         claim = held.session
         if defer:
-            claim.rewrite_later(held, data)
+            claim.record_later(held, data)
             return
         with claim.writing:
             with claim._mutex:
-                claim.rewrite = None  # this one is newer
-            reply = self.client.call("kv/txn", _rewrite_request(held, data), monotonic() + self.ttl)
+                claim.later = None  # this one is newer
+            reply = self.client.call("kv/txn", _record_request(held, data), monotonic() + self.ttl)
         if not reply.get("succeeded"):
             raise LockLost("lost %s: our key is gone" % self.path)
         held.value = data
@@ -1044,214 +949,34 @@ class EtcdBackend:
     def locker(self, name: str, slots: int, ttl: float, on_lost: Callable[[], object] | None) -> EtcdLocker:
         return EtcdLocker(self, name, slots, ttl, on_lost)
 
-    # -- inspecting ---------------------------------------------------------------------------------------
-    def _range(self, prefix: bytes) -> list:
-        reply = self.client.call("kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
-                                              "sort_target": "CREATE", "sort_order": "ASCEND"},
-                                 monotonic() + DEFAULT_TTL)
-        return reply.get("kvs") or []
-
-    def _status(self, name: str, entries: list) -> LockStatus:
-        from ..core.model import LockStatus
-
-        holders: list = []
-        waiters = 0
-        for i, e in enumerate(entries):
-            if blockers(entries, i):
-                waiters += 1
-            else:
-                # A semaphore's holders are numbered in arrival order, as host locks number their slots.
-                holders.append(_holder(e, len(holders) if e.slots > 1 else None))
-        slots = max([e.slots for e in entries] or [1])
-        return LockStatus(name, self.url.display(), self.url.display(name), "etcd", slots, holders, waiters)
-
+    # -- the rest of the Backend: fleet/admin.py, loaded when asked (a lock taken and released never is) ------
     def status(self, name: str) -> LockStatus:
-        validate_name(name)
-        return self._status(name, _entries(self._range(self.name_prefix(name))))
+        from . import admin
+
+        return admin.status(self, name)
 
     def list_locks(self) -> list:
-        prefix = self.url.prefix.encode("utf-8")
-        names: dict = {}
-        for kv in self._range(prefix):
-            e = Entry(kv)
-            name, sep, _hex = e.key[len(prefix):].rpartition(b"/")
-            if not sep:
-                continue
-            try:
-                text = validate_name(name.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError, HostlockError):
-                continue  # a key of another program under our prefix must not hide every lock
-            names.setdefault(text, []).append(e)
-        return [self._status(n, sorted(names[n], key=lambda e: e.rev)) for n in sorted(names)]
+        from . import admin
+
+        return admin.list_locks(self)
 
     def break_lock(self, name: str, force: bool) -> list:
-        """With force, end every holder of `name`: revoke its lease when this key is all the lease holds (an
-        `etcdctl lock` session learns it so), else delete the key alone, so a process's other locks on its
-        one lease stay held (hostlock watches each key: the holder learns it lost this lock).
-        Without force: nothing in etcd is stale (an expired lease is already gone), so nothing to do."""
-        validate_name(name)
-        if not force:
-            return []
-        entries = _entries(self._range(self.name_prefix(name)))
-        acted = []
-        for i, e in enumerate(entries):
-            if blockers(entries, i):
-                continue
-            deadline = monotonic() + DEFAULT_TTL
-            try:
-                ttl = self.client.call("lease/timetolive", {"ID": str(e.lease), "keys": True}, deadline)
-                if len(ttl.get("keys") or ()) > 1:
-                    reply = self.client.call("kv/txn", {
-                        "compare": [{"key": b64(e.key), "target": "CREATE", "create_revision": str(e.rev)}],
-                        "success": [{"request_delete_range": {"key": b64(e.key)}}]}, deadline)
-                    if not reply.get("succeeded"):
-                        continue  # gone meanwhile
-                else:
-                    self.client.call("lease/revoke", {"ID": str(e.lease)}, deadline)
-            except EtcdError as exc:
-                if exc.code != NOT_FOUND:
-                    raise
-                continue
-            acted.append(_holder(e))
-        return acted
+        from . import admin
 
-    # -- leases -------------------------------------------------------------------------------------------
+        return admin.break_lock(self, name, force)
+
     def hold(self, name: str, lease: float, mode: str = "exclusive", slots: int = 1, label: str | None = None,
              timeout: float | None = None) -> str:
-        """Take `name` for `lease` seconds on an etcd lease that outlives this process; returns the token.
+        from . import admin
 
-        The wait runs on a short kept-alive lease (a waiter that dies leaves nothing for long); once held,
-        the key moves onto a lease of TTL `lease`, and no process keeps it alive.
-        """
-        from ..core.model import MODES
-
-        validate_name(name)
-        lease = check_duration(lease, "lease", positive=True)
-        if timeout is not None:
-            timeout = check_duration(timeout, "timeout")
-        if mode not in MODES:
-            raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))
-        extra: dict[str, object] = {"slots": slots}
-        if label:
-            extra["label"] = label
-        pre = record_prefix(mode, extra)
-        locker = self.locker(name, slots, DEFAULT_TTL, None)
-        deadline = None if timeout is None else monotonic() + timeout
-        held = locker.acquire(mode, True, deadline, lambda s, t: build_record(pre, s, t))
-        if held is None:
-            raise self.status(name).timed_out(timeout)
-        hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
-        granted: list = []
-        try:
-            self._move(held.key, held.fence, held.lease, lease, pre, hexid, granted)
-            if held.session.stop():  # the wait's lease has this key no more: revoked if nothing else is on it
-                locker._revoke(held.lease)
-        except BaseException:
-            # Failed or interrupted (a signal's exception: `hostlock hold` unwinds on SIGTERM) before the token
-            # is returned: nobody could release the lock, so neither lease may outlive this, the new one
-            # (our key may be on it already) nor the old.
-            for new in granted:
-                locker._revoke(new)
-            locker.release(held)
-            raise
-        from ..core.tokens import fleet_token  # leases only: not on the path of a lock
-
-        return fleet_token(hexid, held.fence)
-
-    def _move(self, key: bytes, fence: int, old: int, seconds: float, pre: bytes | None, hexid: str,
-              granted: list | None = None) -> float:
-        """Put our key on a new lease of `seconds` (keeping its create_revision, hence the fence and its place);
-        revoke nothing. Returns the expiry (epoch). TokenError "gone" if the key is no longer ours. The new
-        lease's id is appended to `granted` as soon as it is known, for a caller that must undo the move."""
-        c = self.client
-        deadline = monotonic() + DEFAULT_TTL
-        reply = grant(c, seconds, deadline, [] if granted is None else granted)
-        new = int(reply["ID"])
-        expires = time.time() + float(reply.get("TTL") or seconds)
-        value = self._value_with_lease(key, pre, hexid, expires, deadline)
-        reply = c.call("kv/txn", {
-            "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)},
-                        {"key": b64(key), "target": "LEASE", "lease": str(old)}],
-            "success": [{"request_put": {"key": b64(key), "value": b64(value), "lease": str(new)}}]}, deadline)
-        if not reply.get("succeeded") and not self._on_lease(key, fence, new, deadline):
-            try:
-                c.call("lease/revoke", {"ID": str(new)}, deadline)
-            except (EtcdError, FleetUnavailable):
-                pass
-            raise TokenError("no lease etcd-%s on %s: it expired or was released" % (hexid, self.url.display()),
-                             reason="gone")
-        return expires
-
-    def _on_lease(self, key: bytes, fence: int, lease: int, deadline: float) -> bool:
-        """Whether `key` (still of create revision `fence`) is on `lease`: a retried move whose first try
-        went through (its answer lost) fails its compare, yet is done."""
-        kvs = self.client.call("kv/range", {"key": b64(key)}, deadline).get("kvs") or []
-        return bool(kvs) and int(kvs[0].get("create_revision") or 0) == fence and int(kvs[0].get("lease") or 0) == lease
-
-    def _value_with_lease(self, key: bytes, pre: bytes | None, hexid: str, expires: float, deadline: float) -> bytes:
-        if pre is None:  # renew: keep the record, update its lease expiry
-            kvs = self.client.call("kv/range", {"key": b64(key)}, deadline).get("kvs") or []
-            old = unb64(kvs[0].get("value")) if kvs else b""
-            fields = parse_record(old)
-            if fields is None:
-                return old
-            line = old.split(b"\n", 1)[0]
-            parts = [p for p in line.split(b"|") if not p.startswith((b"lease=", b"tid="))]
-            return b"|".join(parts) + b"|tid=etcd-%s|lease=%.3f\n" % (hexid.encode(), expires)
-        return build_record(pre, None)[:-1] + b"|tid=etcd-%s|lease=%.3f\n" % (hexid.encode(), expires)
-
-    def _token_key(self, name: str, token: str) -> tuple:
-        validate_name(name)
-        from ..core.tokens import split_fleet
-
-        hexid, rev = split_fleet(token)
-        key = self.name_prefix(name) + hexid.encode()
-        kvs = self.client.call("kv/range", {"key": b64(key)}, monotonic() + DEFAULT_TTL).get("kvs") or []
-        if not kvs or int(kvs[0].get("create_revision") or 0) != rev:
-            raise TokenError("no lease etcd-%s on lock %r in %s: it expired, was released or broken"
-                             % (hexid, name, self.url.display()), reason="gone")
-        return key, rev, int(kvs[0].get("lease") or 0), hexid
+        return admin.hold(self, name, lease, mode, slots, label, timeout)
 
     def renew(self, name: str, token: str, lease: float | None = None) -> float:
-        """Extend a lease: to `lease` seconds from now on a new etcd lease (the key moves, keeping its place
-        and fence), or by its own TTL again (a keep-alive) when `lease` is None. Returns the new expiry."""
-        if lease is not None:
-            lease = check_duration(lease, "lease", positive=True)
-        key, rev, old, hexid = self._token_key(name, token)
-        if lease is None:
-            reply = self.client.call("lease/keepalive", {"ID": str(old)}, monotonic() + DEFAULT_TTL)
-            ttl = int((reply.get("result") or {}).get("TTL") or 0)
-            if ttl <= 0:
-                raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone")
-            expires = time.time() + ttl
-            value = self._value_with_lease(key, None, hexid, expires, monotonic() + DEFAULT_TTL)
-            self.client.call("kv/txn", {
-                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(rev)}],
-                "success": [{"request_put": {"key": b64(key), "value": b64(value), "ignore_lease": True}}]},
-                monotonic() + DEFAULT_TTL)
-            return expires
-        expires = self._move(key, rev, old, lease, None, hexid)
-        try:
-            self.client.call("lease/revoke", {"ID": str(old)}, monotonic() + DEFAULT_TTL)
-        except EtcdError:
-            pass
-        return expires
+        from . import admin
+
+        return admin.renew(self, name, token, lease)
 
     def release(self, name: str, token: str) -> None:
-        """End a lease: the key is deleted (its lease revoked) when this returns."""
-        _key, _rev, lease, hexid = self._token_key(name, token)
-        try:
-            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic() + DEFAULT_TTL)
-        except EtcdError as e:
-            if e.code != NOT_FOUND:
-                raise
-            raise TokenError("no lease etcd-%s on lock %r: it expired" % (hexid, name), reason="gone") from None
+        from . import admin
 
-
-def _holder(e: Entry, slot: int | None = None) -> Holder:
-    h = Holder(e.fields, e.mode, slot)
-    h.fence = e.rev
-    h.lease_id = e.lease_hex
-    if e.fields is None:
-        h.mode = "exclusive"
-    return h
+        admin.release(self, name, token)

@@ -21,7 +21,8 @@ import errno
 import os
 import stat
 
-from ..core.owner import BOOT_ID, HOSTNAME, Holder, _Self, is_alive, parse_record, record_prefix
+from ..core.holder import Holder
+from ..core.owner import BOOT_ID, HOSTNAME, _Self, is_alive, parse_record, record_prefix
 from .directory import file_error
 
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
