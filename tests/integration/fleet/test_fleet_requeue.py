@@ -23,6 +23,7 @@ import pytest
 import hostlock
 from hostlock.fleet import etcd as _etcd
 from hostlock.fleet import lock as _etcd_lock
+from hostlock.fleet import queue as _etcd_queue
 
 
 @pytest.fixture(params=["pipelined", "sequential"])
@@ -105,7 +106,7 @@ class E:
     ([E("me")], (None, False)),  # holds
 ])
 def test_a_waiter_watches_only_the_key_that_can_admit_it(queue, watched):
-    got, rewritten = _etcd_lock.waits_on(queue, len(queue) - 1)
+    got, rewritten = _etcd_queue.waits_on(queue, len(queue) - 1)
     assert (got.key if got is not None else None, rewritten) == watched
 
 

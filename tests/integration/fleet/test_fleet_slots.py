@@ -2,7 +2,7 @@
 
 The first slot taker not admitted watches the deletions of the whole name (any of the N holders leaving admits
 it); each waiter behind it watches the key just ahead, which its owner rewrites once it holds, so a release
-wakes the waiter it admits and that one wakes the next, never the whole queue (`fleet.lock.waits_on`).
+wakes the waiter it admits and that one wakes the next, never the whole queue (`fleet.queue.waits_on`).
 
 Each taker is a process of its own (TAKER below): it says "held FENCE" once it holds, releases when told (a
 line on its stdin), and then says how many event batches its waiting thread received ("wakes N", counted
@@ -31,7 +31,7 @@ TAKER = """
 import _thread, os, signal, sys
 sys.path.insert(0, %(lib)r)
 import hostlock
-from hostlock.fleet import lock as fleet_lock, watch
+from hostlock.fleet import waiting, watch
 url, name, slots, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 main, wakes, real = _thread.get_ident(), [0], watch.Watch.events
 def events(self, deadline):
@@ -41,7 +41,7 @@ def events(self, deadline):
     return evs
 watch.Watch.events = events
 if how == "die-before-rewrite":  # admitted, then killed before it could tell the waiter behind it
-    fleet_lock.EtcdLocker._rewrite = lambda self, key, fence: os.kill(os.getpid(), signal.SIGKILL)
+    waiting.rewrite = lambda client, key, fence: os.kill(os.getpid(), signal.SIGKILL)
 lock = hostlock.Lock(name, slots=slots, fleet=url, ttl=60)
 lock.acquire(timeout=300)
 print("held", lock.fence, flush=True)

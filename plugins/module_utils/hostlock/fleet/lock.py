@@ -1,4 +1,6 @@
 """Fleet locks on etcd: the lock recipes, the keep-alive thread, and the Backend the engine dispatches to.
+(The queue's order and rule: fleet/queue.py; a waiter's watching: fleet/waiting.py; the Backend's status,
+break and leases: fleet/admin.py; all but the first loaded only when used.)
 
 Key layout (etcd's own concurrency.Mutex, so `etcdctl lock PREFIX/NAME` and hostlock exclude each other):
 every holder or waiter of NAME is one key `<prefix><NAME>/<lease id hex>`, attached to one etcd lease per
@@ -28,14 +30,14 @@ from ..core import oslite as os
 from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost
 from ..core.names import check_duration
-from .b64 import b64, unb64
+from .b64 import b64
 from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, monotonic, prefix_end
 from .grant import grant, grant_body, lease_id
-from .queue import Entry, blockers, in_order, waits_on
+from .queue import blockers, in_order
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Callable, Optional
+    from typing import Any, Callable, Optional
 
     from ..core.model import LockStatus, Meanwhile
     from .url import FleetURL
@@ -43,8 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     Builder = Callable[[Optional[int], Optional[int]], bytes]
 
-CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
-CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
 # A holder's watch on its own key opens this long after the key was made, from the revision after its
 # creation, so a deletion in between still arrives: a short job (`hostlock run NAME true`) ends before the
 # thread does any work that competes with its start, and a deleted key is known at most this much later.
@@ -598,6 +598,13 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
         return made[0], queued
 
 
+def _waiting() -> Any:
+    """fleet.waiting: loaded by a waiter that must wait (a lock free at once never loads it)."""
+    from . import waiting
+
+    return waiting
+
+
 class EtcdLocker:
     """The locker (see host.lockers) of one fleet lock name: acquire/release/records through etcd."""
 
@@ -741,142 +748,16 @@ class EtcdLocker:
                 session.watch_key(key, me.rev)
             blocked = bool(blockers(entries, idx))
             waited = waited or blocked
-            if not blocked or self._wait(entries[:idx], me, rev, deadline, session):
+            if not blocked or _waiting().wait(self, entries[:idx], me, rev, deadline, session):
                 session.on_lost = self.on_lost  # first, then the check: a loss from here on is reported
                 if session.lost:
                     raise self._gone(session, "lost %s while taking it" % self.path)
                 if waited and me.slots > 1:
-                    self._rewrite(key, me.rev)
+                    _waiting().rewrite(self.client, key, me.rev)
                 return EtcdHeld(key, lease, me.rev, session, value)
             if deadline is not None and monotonic() >= deadline:
                 return None
             reply = c.call("kv/range", rng, self._net_deadline(deadline))
-
-    def _rewrite(self, key: bytes, fence: int) -> None:
-        """Tell the slot taker behind us, which may watch our key (`waits_on`), that we hold now: put our key
-        again as it is (same value and lease; same create revision, so the same place and fence). Only a slot
-        taker that waited does it: one that held at once held in every later read of the queue too, so nobody
-        behind it watches it. Best effort: if etcd does not answer at once, that waiter's check of its silent
-        watch (CHECK_EVERY) reads the queue and finds us holding."""
-        try:
-            self.client.call("kv/txn", {
-                "compare": [{"key": b64(key), "target": "CREATE", "create_revision": str(fence)}],
-                "success": [{"request_put": {"key": b64(key), "ignore_value": True, "ignore_lease": True}}]},
-                monotonic() + CHECK_EVERY, min_try=0.0, attempt=CHECK_ATTEMPT)
-        except (EtcdError, FleetUnavailable):
-            pass
-
-    def _wait(self, before: list, me: Entry, rev: int, deadline: float | None, session: Claim) -> bool:
-        """Wait for the keys ahead of us to go; True once none of them blocks us any more (we hold), False
-        when the queue must be read again (a stream ended, a member stopped answering, the key watched was
-        rewritten) or the deadline passed.
-
-        The watch starts now and what it covers is read right after, so no change is missed. Keys created
-        later are behind us, so the set of keys ahead only shrinks: tracking it from the events is exact, and
-        the waiter holds the moment nothing ahead blocks it, without reading again (handoff = one delete + one
-        watch event). It watches only what can admit it (`waits_on`), so a release wakes only the waiter it
-        admits: one key for its deletion (etcd's waitDeletes; when that key goes and another still blocks,
-        False: the caller reads again and watches the next); the whole name's deletions for the first slot
-        taker not admitted; the slot taker just ahead, for its deletion or its rewrite, for the slot takers
-        behind that one (False on either: read again, watch as the queue now says).
-        """
-        target, rewritten = waits_on([*before, me], len(before))
-        whole = target is None or rewritten  # whether the read below must see every key ahead, not the target's
-        # The first slot taker not admitted watches the deletions of the whole name, not the N keys ahead: keys
-        # sort by lease id, not by create revision, so no key range holds just the keys ahead ([prefix, our
-        # key) is a random subset of the name), and N keys would be N streams, each a connection of its own.
-        # The name's deletions are the releases of its N holders, all ahead of it (each admits it), and the rare
-        # waiter behind it that gives up (an event it ignores).
-        key, end = (self.prefix, prefix_end(self.prefix)) if target is None else (target.key, None)
-        filters: tuple = () if rewritten else ("NOPUT",)  # a rewrite is a put; otherwise deletions alone
-        # Watch from now, then look: a change before the watch began is in the read below, one after it in
-        # the stream. (A watch from the older revision `rev`+1 would be "unsynced" in etcd while others write,
-        # and its first event wait for etcd's catch-up loop: up to 100 ms per wait under contention.)
-        from .watch import open_watch  # a waiter's: a lock free at once never loads it
-
-        w = open_watch(self.client, key, end, 0, self._net_deadline(deadline), filters=filters, wake=(session.lost_r,))
-        try:
-            reply = self.client.call("kv/range", self._keys(None if whole else target), self._net_deadline(deadline))
-            present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
-            if me.key not in present and whole:
-                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
-            ahead = [e for e in before if e.key in present or (not whole and e is not target)]
-            if not blockers([*ahead, me], len(ahead)):
-                return True
-            if target is not None and target.key not in present:
-                return False  # it went before the watch began; others still block: read the queue again
-            if rewritten and not blockers(ahead, ahead.index(target)):
-                return False  # it held before the watch began: we are the first not admitted now
-            left = self._watch_until(w, target, rewritten, ahead, me, deadline, session)
-        finally:
-            w.close()
-        # The watched key went and others ahead still block us (they may have gone unseen): read the queue
-        # again and watch from the revision read. A watch from an older revision would cost etcd's
-        # catch-up loop (up to 100 ms) per key, far more than one read.
-        return left is not None and not blockers([*left, me], len(left))
-
-    def _watch_until(self, w: Watch, target: Entry | None, rewritten: bool, ahead: list, me: Entry,
-                     deadline: float | None, session: Claim) -> list | None:
-        """The keys still ahead once `target` (or, watching the whole name, enough keys ahead) went; None when
-        the queue must be read again (always, once a target watched for its rewrite changed). A stream silent
-        for CHECK_EVERY is checked: a range (CHECK_ATTEMPT per member) tells whether the member it is on still
-        answers and whether it missed a change, so a member that hangs (SIGSTOP) or a link that black-holes
-        costs a waiter seconds, not its whole wait."""
-        quiet_until = monotonic() + CHECK_EVERY
-        while True:
-            if session.lost:
-                raise self._gone(session, "lost our place in the queue of %s" % self.path)
-            now = monotonic()
-            if deadline is not None and now >= deadline:
-                return None
-            try:
-                evs = w.events(quiet_until if deadline is None else min(deadline, quiet_until))
-            except OSError:  # WatchClosed among them: the stream ended
-                return None  # the stream ended (member down, compaction): read again, watch from there
-            if evs is None:
-                if monotonic() >= quiet_until:
-                    if not self._stream_ok(w, target, rewritten, ahead, me):
-                        return None
-                    quiet_until = monotonic() + CHECK_EVERY
-                continue
-            quiet_until = monotonic() + CHECK_EVERY
-            if rewritten and target is not None and any(key == target.key for _kind, key, _kv in evs):
-                return None  # it holds now, or left: read the queue again, watch as it says
-            deleted = {key for kind, key, _kv in evs if kind == "DELETE"}
-            if me.key in deleted:
-                raise self._gone(session, "our place in the queue of %s was deleted while waiting" % self.path)
-            if any(e.key in deleted for e in ahead):
-                ahead = [e for e in ahead if e.key not in deleted]
-                if target is not None or not blockers([*ahead, me], len(ahead)):
-                    return ahead
-
-    def _stream_ok(self, w: Watch, target: Entry | None, rewritten: bool, ahead: list, me: Entry) -> bool:
-        """Whether the watch `w` can be trusted on: its member answered a read now, and the read shows no change
-        the stream has not reported (a key gone; for a target watched for its rewrite, that it holds, or that we
-        do: a rewrite missed because its writer was killed first, or etcd did not take it, is found here). A
-        member that does not answer within CHECK_ATTEMPT is skipped for the next, so the read comes from a
-        member that answers; the next watch opens there."""
-        try:
-            reply = self.client.call("kv/range", self._keys(None if target is None or rewritten else target),
-                                     monotonic() + CHECK_ATTEMPT, min_try=0.0, attempt=CHECK_ATTEMPT)
-        except (FleetUnavailable, EtcdError):
-            return True  # nobody answers: the lease's clock decides (the session), keep the stream meanwhile
-        if self.client.answering != w.i:
-            return False  # the read came from another member: the stream's own member did not answer
-        present = {unb64(kv.get("key")) for kv in reply.get("kvs") or []}
-        if target is None:
-            return all(e.key in present for e in ahead)
-        if not rewritten:
-            return target.key in present
-        now = [e for e in ahead if e.key in present]
-        return (target.key in present and bool(blockers([*now, me], len(now)))
-                and bool(blockers(now, now.index(target))))
-
-    def _keys(self, target: Entry | None) -> dict:
-        """A read of `target`'s key, or of every key of the name (None): keys only, their values not needed."""
-        if target is not None:
-            return {"key": b64(target.key), "keys_only": True}
-        return {"key": b64(self.prefix), "range_end": b64(prefix_end(self.prefix)), "keys_only": True}
 
     def _gone(self, session: Claim, what: str) -> _LostPlace:
         why = session.why or "our key was deleted"

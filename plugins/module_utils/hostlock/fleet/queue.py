@@ -48,7 +48,7 @@ def waits_on(entries: list, i: int) -> tuple:
       (exactly N takers ahead, all holding: the rule in core.admission), and any of them leaving admits it;
     - a slot taker whose key just ahead is a slot taker of the same N that waits too: it holds no sooner than
       that one (a taker of another kind that keeps that one out is ahead of both; N takers ahead of that one
-      are N+1 ahead of it), and that one rewrites its key once it holds (EtcdLocker._rewrite): the rewrite, or
+      are N+1 ahead of it), and that one rewrites its key once it holds (fleet.waiting.rewrite): the rewrite, or
       the key's deletion, wakes exactly this waiter, which reads the queue again and is now the first not
       admitted (or holds).
 
