@@ -26,6 +26,7 @@ import time
 
 from ..core.clock import boottime
 from ..core.errors import FleetConfigError, FleetUnavailable, HostlockError
+from .wirejson import dumps, loads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,64 +44,6 @@ ATTEMPT = 2.5  # at most this long on one member before trying the next (a follo
 _RETRY_CODES = frozenset((1, 4, 14))  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (no leader, stopping)
 _AUTH_CODES = frozenset((7, 16))  # PERMISSION_DENIED, UNAUTHENTICATED
 NOT_FOUND = 5
-
-
-# JSON through CPython's C accelerator directly: the `json` package imports `re` (and `base64` did too),
-# a few ms of every `hostlock run --fleet` start. Bodies are dicts of str/int/bool/lists, nothing else.
-try:
-    import _json
-
-    class _Context:
-        """What _json.make_scanner reads of json.JSONDecoder: strict JSON, plain dicts and numbers."""
-
-        strict = True
-        object_hook = None
-        object_pairs_hook = None
-        parse_float = float
-        parse_int = int
-        parse_constant = float  # NaN, Infinity: etcd sends none
-        memo: dict = {}
-
-    _scan = _json.make_scanner(_Context())  # type: ignore[arg-type]  # duck-typed: the attributes it reads
-    _quote = _json.encode_basestring_ascii
-except (ImportError, AttributeError):  # pragma: no cover - an interpreter without the accelerator
-    import json as _pyjson
-
-    _scan = _pyjson.JSONDecoder().scan_once  # type: ignore[attr-defined]
-    _quote = _pyjson.encoder.encode_basestring_ascii
-
-_SPACE = " \t\n\r"
-
-
-def loads(text: str) -> object:
-    """json.loads for the gateway's answers; ValueError when `text` is not one JSON value."""
-    i = len(text) - len(text.lstrip(_SPACE))
-    try:
-        value, end = _scan(text, i)
-    except StopIteration:
-        raise ValueError("not JSON") from None
-    if text[end:].strip(_SPACE):
-        raise ValueError("extra data after JSON")
-    return value
-
-
-def dumps(value: object) -> str:
-    """Compact JSON of a request body (str keys; str, int, bool, None, lists and dicts as values)."""
-    if isinstance(value, str):
-        return _quote(value)
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if value is None:
-        return "null"
-    if isinstance(value, int):
-        return str(int(value))
-    if isinstance(value, dict):
-        return "{%s}" % ",".join("%s:%s" % (_quote(str(k)), dumps(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return "[%s]" % ",".join(dumps(v) for v in value)
-    raise TypeError("cannot send %r as JSON" % (value,))
 
 
 def prefix_end(prefix: bytes) -> bytes:

@@ -20,10 +20,9 @@ from .etcd import (
     _oserror,
     _permanent,
     _Retry,
-    dumps,
-    loads,
     monotonic,
 )
+from .wirejson import dumps, loads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
