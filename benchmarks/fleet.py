@@ -546,17 +546,16 @@ NOTES = [
     "(tests/cli_install.py: the role's `#!PYTHON -IS` launcher, the package byte-compiled and bundled): the "
     "interpreter's own start (`python3 -I -S -c pass`), the bundle (its table; each module then read from "
     "the code file it holds open, as imported), the imports (the fleet "
-    "engine, the policy and the command line: no host mechanism, no lease code, `threading`, "
-    "`http.client`, `email`, `json`, `re`, `base64`, `socket`, `enum`, `importlib`, `math` or `ssl` for etcd://, "
-    "nor `os`, `__future__` or a shared-library `binascii`; tests/integration/cli/test_cli_fleet.py checks it "
-    "with `-X importtime`), two round trips where "
+    "engine, the policy and the command line: no host mechanism, no lease, status, watch or waiting code, "
+    "`threading`, `http.client`, `email`, `json` or `_json`, `re`, `base64`, `socket`, `enum`, `importlib`, "
+    "`math` or `ssl` for etcd://, nor `os`, `__future__` or a shared-library `binascii`; "
+    "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), two round trips where "
     "`etcdctl lock` takes three (the lease grant with the queue transaction written right behind it, then the "
-    "revoke), the watcher and the job's process forked while the grant is on its way, before the queue "
-    "transaction is written (the job's pid goes into the record it writes; the job's process makes its prctl "
-    "once both requests are on their way, while hostlock waits for etcd), and the job's exec. The Go client "
-    "starts in about the time CPython does "
-    "nothing; the 'with' row is the same engine on another interpreter (a distribution's python3, its "
-    "extension modules built in, no shared libpython to relocate).",
+    "revoke), the job's prctl made ready and the watcher and the job's process forked once both requests are "
+    "on their way, while etcd answers (the record names the job's command; its pid follows 0.1 s into the "
+    "job, never for a shorter one), and the job's exec. The Go client starts in about the time CPython does "
+    "nothing; the 'with' row is the same engine on another interpreter (a distribution's python3, "
+    "most extension modules built in, no shared libpython to relocate).",
 ]
 
 

@@ -99,8 +99,8 @@ def _versions(etcd, prefix: str = "hostlock/") -> list:
 
 
 @pytest.mark.parametrize("way", ["pipelined", "sequential"])
-def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_written_once_held(etcd, monkeypatch,
-                                                                                              way):
+def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_written_once_held(
+        etcd, monkeypatch, way):
     """Lock.acquire(meanwhile=...) on a fleet lock: run once, after the requests that go together were written
     in full and before any answer is read (where `hostlock run --fleet` forks its job): the lease's grant and
     the queue transaction right behind it (pipelined), or the grant alone (sequential: pipelined() failed
