@@ -10,7 +10,7 @@ from ..core.model import MECHANISM_CHOICES
 from . import common as c
 from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
-FLEET_DEFAULT_TTL = 10.0  # fleet.lock.DEFAULT_TTL (not imported: host locks never load the fleet engine)
+FLEET_DEFAULT_TTL = 10.0  # fleet.grant.DEFAULT_TTL (not imported: host locks never load the fleet engine)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
