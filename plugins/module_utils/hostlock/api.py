@@ -13,7 +13,7 @@ from _weakref import ref
 
 from .core import oslite as os
 from .core.errors import HostlockError, LockLost, LockTimeout, MechanismError
-from .core.model import MECHANISM_CHOICES, MODES, LockStatus, fleet_backend
+from .core.model import FLEET_TTL, MECHANISM_CHOICES, MODES, LockStatus, fleet_backend
 from .core.names import MAX_SLOTS, check_duration, validate_name
 from .core.owner import _Self, build_record, parse_record, record_prefix
 
@@ -90,7 +90,7 @@ class Lock:
 
     def __init__(self, name: str, *, mode: str = "exclusive", slots: int = 1, directory: str | None = None,
                  mechanism: str = "auto", label: str | None = None, fifo: bool = True, fleet: str | None = None,
-                 ttl: float = 10.0, on_lost: Callable[[], object] | None = None) -> None:
+                 ttl: float = FLEET_TTL, on_lost: Callable[[], object] | None = None) -> None:
         self.name = validate_name(name)
         if mode not in MODES:
             raise ValueError("mode must be 'exclusive' or 'shared', not %r" % (mode,))

@@ -6,11 +6,9 @@ Parsed by hand with `cli.common.getopt` (argparse costs ~12 ms on a path started
 from __future__ import annotations
 
 from ..core import oslite as os
-from ..core.model import MECHANISM_CHOICES
+from ..core.model import FLEET_TTL, MECHANISM_CHOICES
 from . import common as c
 from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
-
-FLEET_DEFAULT_TTL = 10.0  # fleet.grant.DEFAULT_TTL (not imported: host locks never load the fleet engine)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -327,7 +325,7 @@ def check_fleet(o: Options, command: str) -> None:
     # The job of a fleet lock gets SIGTERM --kill-after before the lease can end (SIGKILL at that deadline),
     # so no job outlives its lock: the grace comes out of the TTL. Default TTL/4 (2.5 s of the default 10 s);
     # more than half the TTL would stop jobs between two keep-alives (every TTL/3) of a healthy lease.
-    ttl = o.ttl if o.ttl is not None else FLEET_DEFAULT_TTL
+    ttl = o.ttl if o.ttl is not None else FLEET_TTL
     if not o.kill_after_given:
         o.kill_after = min(DEFAULT_KILL_AFTER, ttl / 4)
     elif o.kill_after > ttl / 2:

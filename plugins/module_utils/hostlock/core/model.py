@@ -72,6 +72,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 MODES = ("exclusive", "shared")
+# A fleet lock's etcd lease, in seconds, unless told otherwise: kept alive every TTL/3 while held, gone this long
+# after its holder (the API's Lock, the command's --ttl and the fleet engine all mean this one).
+FLEET_TTL = 10.0
 # The host mechanisms (host/: kernel OFD ranges, flock(), owner files) and what a Lock, --mechanism and the
 # modules accept. Here, not in host/directory.py, so that checking an argument loads no host mechanism.
 MECHANISMS = ("ofd", "flock", "record")

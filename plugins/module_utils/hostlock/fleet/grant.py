@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..core import oslite as os
 from ..core.errors import FleetUnavailable
+from ..core.model import FLEET_TTL
 from .etcd import EtcdError
 
 TYPE_CHECKING = False
@@ -11,7 +12,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.model import Meanwhile
     from .etcd import Client
 
-DEFAULT_TTL = 10.0  # seconds: a lock's lease, kept alive every TTL/3 while held
+DEFAULT_TTL = FLEET_TTL  # a lock's lease (core.model), and how long an admin call waits on etcd
 
 
 LEASE_EXISTS = 9  # gRPC FAILED_PRECONDITION: "lease already exists" (a grant of an id already granted)
