@@ -145,6 +145,11 @@ class Claim:
         if self.session is not None:
             self.session._poke()  # a thread asleep until the next keep-alive looks again now
 
+    def key_deleted(self) -> None:
+        """Lost: etcd says our key is gone (a watch's DELETE, a read that finds none, a rewrite's compare)."""
+        key = (self.key or b"").decode("utf-8", "replace")
+        self._lose("our key %s was deleted (revoked, broken, or expired)" % key)
+
     def _lose(self, why: str, unavailable: bool = False) -> None:
         with self._mutex:
             if self._lost or self._ended:
@@ -438,7 +443,7 @@ class Session:
             if key != claim.key:
                 continue
             if kind == "DELETE":
-                claim._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                claim.key_deleted()
                 return
             if int(kv.get("lease") or 0) != self.lease:
                 claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
@@ -491,7 +496,7 @@ class Session:
             if reply.get("succeeded"):
                 held.value = data
                 return _INF
-        claim._lose("our key %s was deleted (revoked, broken, or expired)" % held.key.decode("utf-8", "replace"))
+        claim.key_deleted()
         return _INF
 
     def _open_watch(self, claim: Claim, next_ka: float) -> Watch | None:
@@ -517,7 +522,7 @@ class Session:
                                      attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
             kvs = reply.get("kvs") or []
             if not kvs:
-                claim._lose("our key %s was deleted (revoked, broken, or expired)" % key.decode("utf-8", "replace"))
+                claim.key_deleted()
                 return None
             if int(kvs[0].get("lease") or 0) != self.lease:
                 claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))

@@ -110,10 +110,10 @@ def _value(s: str, i: int, depth: int) -> tuple:
     c = s[i:i + 1]
     if c == '"':
         return _string(s, i + 1)
-    if c == "{":
-        return _object(s, i, depth)
-    if c == "[":
-        return _array(s, i, depth)
+    if c == "{" or c == "[":
+        if depth >= _DEPTH:
+            raise ValueError("JSON nested too deep at %d" % i)
+        return (_object if c == "{" else _array)(s, i, depth)
     if s.startswith("true", i):
         return True, i + 4
     if s.startswith("false", i):
@@ -124,8 +124,6 @@ def _value(s: str, i: int, depth: int) -> tuple:
 
 
 def _object(s: str, i: int, depth: int) -> tuple:
-    if depth >= _DEPTH:
-        raise ValueError("JSON nested too deep at %d" % i)
     out: dict = {}
     i = _skip(s, i + 1)
     if s[i:i + 1] == "}":
@@ -138,18 +136,12 @@ def _object(s: str, i: int, depth: int) -> tuple:
         if s[i:i + 1] != ":":
             raise ValueError("expected ':' at %d" % i)
         out[key], i = _value(s, _skip(s, i + 1), depth + 1)
-        i = _skip(s, i)
-        c = s[i:i + 1]
-        if c == "}":
-            return out, i + 1
-        if c != ",":
-            raise ValueError("expected ',' or '}' at %d" % i)
-        i = _skip(s, i + 1)
+        i, done = _after_item(s, i, "}")
+        if done:
+            return out, i
 
 
 def _array(s: str, i: int, depth: int) -> tuple:
-    if depth >= _DEPTH:
-        raise ValueError("JSON nested too deep at %d" % i)
     items: list = []
     i = _skip(s, i + 1)
     if s[i:i + 1] == "]":
@@ -157,13 +149,20 @@ def _array(s: str, i: int, depth: int) -> tuple:
     while True:
         item, i = _value(s, i, depth + 1)
         items.append(item)
-        i = _skip(s, i)
-        c = s[i:i + 1]
-        if c == "]":
-            return items, i + 1
-        if c != ",":
-            raise ValueError("expected ',' or ']' at %d" % i)
-        i = _skip(s, i + 1)
+        i, done = _after_item(s, i, "]")
+        if done:
+            return items, i
+
+
+def _after_item(s: str, i: int, close: str) -> tuple:
+    """After an object's or array's item: (index after `close`, True), or (index of the next item, False)."""
+    i = _skip(s, i)
+    c = s[i:i + 1]
+    if c == close:
+        return i + 1, True
+    if c != ",":
+        raise ValueError("expected ',' or '%s' at %d" % (close, i))
+    return _skip(s, i + 1), False
 
 
 def _number(s: str, i: int) -> tuple:
@@ -172,34 +171,33 @@ def _number(s: str, i: int) -> tuple:
     while j < n and s[j] in _NUMBER:
         j += 1
     text = s[i:j]
-    k = 1 if text[:1] == "-" else 0
-    whole = k
-    while k < len(text) and text[k] in _DIGITS:
-        k += 1
+    whole = 1 if text[:1] == "-" else 0
+    k = _digits(text, whole)
     if k == whole or (text[whole] == "0" and k - whole > 1):
         raise ValueError("not JSON at %d" % i)
     real = False
     if text[k:k + 1] == ".":
-        k += 1
-        start = k
-        while k < len(text) and text[k] in _DIGITS:
-            k += 1
+        start = k + 1
+        k = _digits(text, start)
         if k == start:
             raise ValueError("not a JSON number at %d" % i)
         real = True
     if text[k:k + 1] in ("e", "E"):
-        k += 1
-        if text[k:k + 1] in ("+", "-"):
-            k += 1
-        start = k
-        while k < len(text) and text[k] in _DIGITS:
-            k += 1
+        start = k + 2 if text[k + 1:k + 2] in ("+", "-") else k + 1
+        k = _digits(text, start)
         if k == start:
             raise ValueError("not a JSON number at %d" % i)
         real = True
     if k != len(text):
         raise ValueError("not a JSON number at %d" % i)
     return (float(text) if real else int(text)), j
+
+
+def _digits(text: str, k: int) -> int:
+    """The index after the run of digits that starts at text[k]."""
+    while k < len(text) and text[k] in _DIGITS:
+        k += 1
+    return k
 
 
 def _string(s: str, i: int) -> tuple:
