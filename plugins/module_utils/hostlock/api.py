@@ -11,6 +11,7 @@ import _thread
 import time
 from _weakref import ref
 
+from .core import forks
 from .core import oslite as os
 from .core.errors import HostlockError, LockLost, LockTimeout, MechanismError
 from .core.model import FLEET_TTL, MECHANISM_CHOICES, MODES, LockStatus, fleet_backend
@@ -46,8 +47,7 @@ def _after_fork_in_child() -> None:
             lock._forget()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+forks.in_child(_after_fork_in_child)
 
 
 class _Once:

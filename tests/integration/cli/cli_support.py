@@ -55,3 +55,14 @@ def kill_quietly(pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def fd_links(pid: int) -> dict:
+    """fd -> what /proc/PID/fd/FD names ('pipe:[N]', 'socket:[N]', a path)."""
+    out = {}
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            out[int(fd)] = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:  # closed meanwhile
+            pass
+    return out

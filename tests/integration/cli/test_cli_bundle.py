@@ -214,7 +214,8 @@ def test_a_new_build_written_under_a_running_command_is_not_mixed_with_the_one_i
 
 @pytest.mark.parametrize("reused", [False, True])
 def test_a_process_that_closed_the_code_file_opens_it_again_only_while_it_is_the_same_build(lib, reused):
-    """A process that closed the descriptor itself (the watcher of `hostlock run` closes all but its own), its
+    """A process that closed the descriptor itself (the watcher of `hostlock run` closes all but its own
+    when it must act), its
     number perhaps another file's by then: the code file is opened again, by its path, and used while it is the
     build the process started with; another build there makes the import fail, never mixes two builds."""
     close = ("import os\nfd = b._FILE[0]\nos.close(fd)\n"

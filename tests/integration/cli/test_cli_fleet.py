@@ -17,7 +17,7 @@ import subprocess
 import time
 
 import pytest
-from cli_support import PYTHON, kill_quietly, pid_alive, wait_file, wait_until
+from cli_support import PYTHON, fd_links, kill_quietly, pid_alive, wait_file, wait_until
 
 from hostlock.core import procstat
 
@@ -212,7 +212,8 @@ def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
     (socket, json, re, importlib and warnings, math, threading, ctypes...), nor `os` (core/oslite.py: ~1 ms),
     `__future__` (the bundle compiles its flag instead), `_json` (fleet/wirejson.py) or, where it is a shared
     library, `binascii` (fleet/b64.py); nor the read side, watches or waiting (queries, core.holder, fleet.watch,
-    fleet.waiting, fleet.admin: a lock free at once, taken and released, needs none of them).
+    fleet.waiting, fleet.admin: a lock free at once, taken and released, needs none of them), nor the lease's
+    upkeep (fleet.keepalive: its thread loads it 0.1 s in).
     Installed the role's way (the engine from its bundle, cli/bundle.py), not the host mechanisms either, nor
     the fcntl and struct they use: the policy imports them with itself only when its code comes from files (a
     process that drops its privileges after importing hostlock must still take host locks,
@@ -228,7 +229,7 @@ def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
              "json", "re", "base64", "enum", "ssl", "email", "http.client", "urllib.parse", "argparse", "importlib",
              "warnings", "math", "threading", "typing", "ctypes", "subprocess", "signal", "psutil", "os",
              "posixpath", "_collections_abc", "stat", "__future__", "_json", "hostlock.queries", "hostlock.core.holder",
-             "hostlock.fleet.watch", "hostlock.fleet.waiting", "hostlock.fleet.admin"}
+             "hostlock.fleet.watch", "hostlock.fleet.waiting", "hostlock.fleet.admin", "hostlock.fleet.keepalive"}
     builtin = subprocess.run([PYTHON, "-I", "-S", "-c", "import sys; print('binascii' in sys.builtin_module_names)"],
                              capture_output=True, text=True, check=True).stdout.strip() == "True"
     if not builtin:
@@ -250,17 +251,22 @@ def _children(pid):
     return [int(d) for d in os.listdir("/proc") if d.isdigit() and _field(int(d), procstat.PPID) == str(pid)]
 
 
+def _start_sleeping_job(cli, etcd, name):
+    """`run --fleet URL NAME` of a job that writes its pid, then sleeps: (hostlock's Popen, the job's pid)."""
+    pidfile = cli.tmp / ("%s-job" % name)
+    a = cli.start("run", "--fleet", etcd.url, name, "-c",
+                  "echo $$ > %s.tmp && mv %s.tmp %s && exec sleep 300" % (pidfile, pidfile, pidfile),
+                  env=controller(cli, "a"))
+    return a, int(wait_file(pidfile))
+
+
 def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etcd):
     """The job's process of `run --fleet` is forked before the lock is held, with the prctl hostlock made for
     it, and sets its PR_SET_PDEATHSIG at once: it still has it when it execs. Killed
     together (`pkill -9 hostlock` would), hostlock and its watcher leave the job frozen (SIGSTOP), or dead:
     stopped in a process group that hostlock's death orphaned, it also gets the kernel's SIGHUP (which ends
     `sleep`) and SIGCONT. Without the prctl it would run on, unlocked."""
-    pidfile = cli.tmp / "frozen-job"
-    a = cli.start("run", "--fleet", etcd.url, "freeze", "-c",
-                  "echo $$ > %s.tmp && mv %s.tmp %s && exec sleep 300" % (pidfile, pidfile, pidfile),
-                  env=controller(cli, "a"))
-    job = int(wait_file(pidfile))
+    a, job = _start_sleeping_job(cli, etcd, "freeze")
     try:
         children = _children(a.pid)
         watcher = [pid for pid in children if pid != job]
@@ -271,6 +277,32 @@ def test_a_fleet_job_freezes_when_hostlock_and_its_watcher_die_together(cli, etc
         a.send_signal(signal.SIGKILL)
         a.wait(timeout=20)
         wait_until(lambda: _state(job) in ("T", "Z", "gone"), 20, "PR_SET_PDEATHSIG to stop the job")
+    finally:
+        kill_quietly([job])
+
+
+def test_the_watcher_holds_no_caller_stream_and_waits_on_a_socket_without_select(cli, etcd):
+    """The watcher of a fleet job lets go of hostlock's standard streams at once (`out=$(hostlock run ...)` never
+    waits for it) and keeps the rest it inherited until it must act. Its channel, which must also time out at
+    the lease's deadline, is a socket pair read with `_socket`'s timeout: no `select` loaded in it, a shared
+    library on many builds (CPU taken from etcd and hostlock as the job starts). The job holds neither end."""
+    a, job = _start_sleeping_job(cli, etcd, "watched")
+    try:
+        (watcher,) = [pid for pid in _children(a.pid) if pid != job]
+        theirs = fd_links(watcher)
+        caller = {link for fd, link in fd_links(a.pid).items() if fd in (0, 1, 2)}
+        assert not set(theirs) & {0, 1, 2} and not set(theirs.values()) & caller, (theirs, caller)
+        assert any(link.startswith("socket:") for link in theirs.values()), theirs
+        assert not any(link.startswith("socket:") for link in fd_links(job).values())
+        builtin = subprocess.run([PYTHON, "-I", "-S", "-c", "import sys; print('select' in sys.builtin_module_names)"],
+                                 capture_output=True, text=True, check=True).stdout.strip() == "True"
+        if not builtin:
+            with open("/proc/%d/maps" % watcher) as f:
+                assert "/select." not in f.read()
+        a.send_signal(signal.SIGKILL)  # it still acts: the job dies with hostlock
+        a.wait(timeout=20)
+        wait_until(lambda: _state(job) in ("Z", "gone") and _state(watcher) in ("Z", "gone"), 20,
+                   "the watcher to kill the job, then leave")
     finally:
         kill_quietly([job])
 

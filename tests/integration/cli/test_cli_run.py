@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from cli_support import pid_alive, wait_file, wait_until
+from cli_support import fd_links, pid_alive, wait_file, wait_until
 from engine_helpers import default_signals
 
 # ----------------------------------------------------------------------------------------- exit status
@@ -252,6 +252,31 @@ def test_a_daemon_started_by_the_job_does_not_keep_the_lock(cli, tmp_path):
         assert not any(os.readlink(f"/proc/{daemon}/fd/{fd}").startswith(cli.lockdir) for fd in fds)
     finally:
         os.kill(daemon, signal.SIGKILL)
+
+
+def test_the_watcher_lets_go_of_the_callers_streams_and_keeps_the_lock(cli, tmp_path):
+    """The watcher closes hostlock's standard streams at once (`out=$(hostlock run ...)` never waits for it) and
+    keeps a duplicate of the lock's descriptor, which holds the lock if hostlock dies: killed, the job dies
+    before the lock is free."""
+    from hostlock.core import procstat
+
+    pidfile = tmp_path / "pid"
+    p = cli.start("run", "a", "-c", f"echo $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile} && exec sleep 300")
+    job = int(wait_file(pidfile))
+    try:
+        (watcher,) = [int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != job
+                      and (procstat.fields(int(d)) or [None] * 2)[procstat.PPID] == b"%d" % p.pid]
+        theirs = fd_links(watcher)
+        caller = {link for fd, link in fd_links(p.pid).items() if fd in (0, 1, 2)}
+        assert not set(theirs) & {0, 1, 2} and not set(theirs.values()) & caller, (theirs, caller)
+        assert any(link.startswith(cli.lockdir) for link in theirs.values()), theirs
+        p.send_signal(signal.SIGKILL)
+        p.wait(5)
+        wait_until(lambda: not pid_alive(job), 10, "the watcher to kill the job")
+        wait_until(lambda: cli.is_free("a"), 10, "the watcher to let go of the lock")
+    finally:
+        if pid_alive(job):
+            os.kill(job, signal.SIGKILL)
 
 
 def test_no_lock_descriptor_reaches_the_job(cli):

@@ -1,5 +1,5 @@
-"""The keep-alive thread (hostlock/fleet/lock.py Session) against a stand-in client: what it must notice without
-a real etcd to make the timing happen."""
+"""The keep-alive thread (fleet/lock.py's Session, running fleet/keepalive.py) against a stand-in client: what it
+must notice without a real etcd to make the timing happen."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import socket
 import threading
 
 from hostlock.core.clock import boottime
+from hostlock.fleet import keepalive as _keepalive
 from hostlock.fleet import lock as _lock
-from hostlock.fleet import watch as _watch
 from hostlock.fleet.watch import Watch
 
 GUARD = 30.0  # seconds: a hang guard, never a measured bound
@@ -22,7 +22,7 @@ def _chunk(message: dict) -> bytes:
 
 
 class _Client:
-    """Answers keep-alives; its watches (fleet.watch.open_watch, patched to ask it) come with `leftover` already
+    """Answers keep-alives; its watches (open_watch, patched in fleet.keepalive to ask it) come with `leftover` already
     read (after their "created" answer) and a socket on which nothing more ever arrives."""
 
     answering = 0
@@ -52,7 +52,7 @@ def test_an_event_read_with_the_watchs_created_answer_is_not_left_unseen(monkeyp
     leftover = _chunk({"result": {"header": {"revision": "9"},
                                   "events": [{"type": "DELETE", "kv": {"key": base64.b64encode(key).decode()}}]}})
     client = _Client(leftover)
-    monkeypatch.setattr(_watch, "open_watch", lambda c, *a, **kw: c.watch(*a, **kw))
+    monkeypatch.setattr(_keepalive, "open_watch", lambda c, *a, **kw: c.watch(*a, **kw))
     claim = _lock.Claim()
     lost = threading.Event()
     session = _lock.Session(client, 7, 10.0, boottime(), claim, None)

@@ -28,8 +28,8 @@ Rules (docs/security.md):
   mechanisms a fleet-only command never loads, hostlock.api) opens no file, so it cannot fail after a
   privilege change or pick up an engine replaced in the meantime (a new build replaces the code file by a
   rename; the open one is the old one still). Only a process that closed it itself (the watcher of
-  `hostlock run` closes every descriptor but its own) opens it again, and takes it only if it is still the
-  same build; else the import fails rather than mix two builds.
+  `hostlock run` closes every descriptor but its own when it must act) opens it again, and takes it only if it
+  is still the same build; else the import fails rather than mix two builds.
 
 Size is time here (about half of the code file is read at every start): modules are compiled as with -OO (no
 docstrings), and the role runs this with `-X no_debug_ranges` (Python 3.11+: no column positions in

@@ -28,7 +28,9 @@ Design (what flock(1) gets wrong, see docs/cli.md and docs/security.md):
   GRACE" lines, as renewals move it) and kills the job when it passes while hostlock is stopped.
 - Only cheap modules on this path (`_signal`, not `signal`, which imports enum; `_ctypes`, not `ctypes`;
   no subprocess, argparse, re or json). The watcher's killing code (`cli.jobkill`) is imported only by a
-  watcher whose hostlock died.
+  watcher whose hostlock died. Both children run as little Python as they can before the job runs (each
+  object a child touches copies a page of hostlock's): the job's process skips the engine's fork hooks
+  (core.forks.exec_fork), and the watcher of a fleet lock times its reads with `_socket` (no `select`).
 """
 from __future__ import annotations
 
@@ -38,8 +40,8 @@ import errno as _errno
 import sys
 import time
 
+from ..core import forks, procstat
 from ..core import oslite as os
-from ..core import procstat
 from . import common as c
 
 TYPE_CHECKING = False
@@ -310,55 +312,76 @@ def _in_terminal_foreground() -> bool:
         os.close(fd)
 
 
-def _start_watcher(lock_fds: tuple[int, ...]) -> tuple[int, int]:
-    """Fork the watcher; returns (our end of its pipe, its pid). See the module docstring for why.
+def _start_watcher(lock_fds: tuple[int, ...], timed: bool = False) -> tuple[int, int]:
+    """Fork the watcher; returns (our end of its channel, its pid). See the module docstring for why.
 
     hostlock writes the job's pid and a newline once the job is forked, for a fleet lock "v DEADLINE GRACE"
     lines as the lease's deadline moves, and "x" when the job has ended; the watcher gets EOF without "x"
     only when hostlock died, however (its last copy of the write end closes).
+
+    `timed` (a fleet lock's watcher, which must also wake at a deadline): the channel is a socket pair, whose
+    reads take a timeout in `_socket` itself, which the etcd client has loaded already. A pipe would need
+    `select`, a shared library on many builds: loading it in the watcher took ~0.4 ms of CPU from a two-core
+    machine's etcd and hostlock while a fleet lock's job started. Otherwise a pipe.
     """
     # Duplicates made before fork: the engine's fork hook closes the Lock's own descriptors in a child.
     keep = [os.dup(fd) for fd in lock_fds]
+    chan: object  # the watcher's end: a pipe's descriptor, or a socket
     try:
-        r, w = os.pipe()  # close-on-exec: the job never holds either end
+        if timed:
+            import _socket
+
+            ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)  # close-on-exec, like pipe()
+            w, chan = ours.detach(), theirs
+        else:
+            chan, w = os.pipe()  # close-on-exec: the job never holds either end
         try:
             pid = os.fork()
         except OSError:
-            os.close(r)
+            _close(chan)
             os.close(w)
             raise
         if pid == 0:
-            _watch(r, keep)
+            os.close(w)  # only hostlock's death may close the last write end
+            _watch(chan, keep)
     finally:
         for fd in keep:
             os.close(fd)
-    os.close(r)
+    _close(chan)
     return w, pid
 
 
-def _watch(r: int, keep: list[int]) -> None:
+def _close(chan: object) -> None:
+    """Close a watcher's end of its channel: a descriptor (pipe) or a socket object."""
+    if isinstance(chan, int):
+        os.close(chan)
+    else:
+        chan.close()  # type: ignore[attr-defined]
+
+
+def _watch(chan: object, keep: list[int]) -> None:
     """The watcher process: wait for hostlock's news; if it dies mid-job, kill the job, then let go.
 
     For a fleet lock, also if hostlock lets the lease's deadline pass without reporting a later one while
     it is not running (stopped): see `Job.valid_until`.
+
+    Until it must act it runs as little Python as it can: each object it touches copies one of hostlock's
+    pages (copy-on-write), CPU taken from hostlock and etcd while a job starts. So it lets go of our caller's
+    standard streams at once (`out=$(hostlock run ...)` must not wait for it), and of the other descriptors it
+    inherited only when it acts (hostlock died, or a deadline passed): until then hostlock holds them as well.
+    (Listing them took ~0.3 ms of CPU at its start.)
     """
-    parent = os.getppid()  # hostlock: while our pipe is open, it is alive, so this pid is still its
+    parent = os.getppid()  # hostlock: while our channel is open, it is alive, so this pid is still its
     try:
         os.setsid()  # out of hostlock's group and session, and without a controlling terminal (no SIGHUP)
-        # Hold nothing but the pipe and the lock: not our caller's pipes (`out=$(hostlock run ...)` would
-        # wait for us), not another lock of this process.
-        wanted = set(keep)
-        wanted.add(r)
-        try:
-            fds = [int(name) for name in os.listdir("/proc/self/fd")]
-        except OSError:  # no /proc: every possible descriptor (bounded: this is a fallback)
-            fds = list(range(min(os.sysconf("SC_OPEN_MAX"), 65536)))
-        for fd in fds:
-            if fd not in wanted:
+        chan_fd = chan if isinstance(chan, int) else chan.fileno()  # type: ignore[attr-defined]
+        for fd in (0, 1, 2):
+            if fd != chan_fd and fd not in keep:  # either can be one when hostlock started without them
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+        read = _reader(chan)
         data = b""
         first = b""  # "PID NEWGROUP TAG": the job is forked, not yet exec'd
         job_stat = b""
@@ -366,7 +389,8 @@ def _watch(r: int, keep: list[int]) -> None:
         grace = 0.0
         deferred = False
         while True:
-            if deadline is not None and not _readable_before(r, deadline):
+            chunk = read(deadline)
+            if chunk is None:
                 # No later deadline came in time: hostlock is not keeping the lease alive. If it is running
                 # it knows (its lock is lost): it stops the job itself, SIGTERM then SIGKILL after its grace.
                 # Stopped (SIGSTOP, a debugger) or still there after that grace, it cannot: we kill the job
@@ -376,10 +400,6 @@ def _watch(r: int, keep: list[int]) -> None:
                     deadline = _boottime() + grace + 1.0
                     continue
                 break
-            try:
-                chunk = os.read(r, 4096)
-            except InterruptedError:
-                continue
             if not chunk:
                 break  # hostlock died
             data += chunk
@@ -393,6 +413,9 @@ def _watch(r: int, keep: list[int]) -> None:
                 elif line.startswith(b"v "):  # "v DEADLINE GRACE": the lease was renewed up to DEADLINE
                     words = line.split()
                     deadline, grace, deferred = float(words[1]), float(words[2]), False
+        # Acting now, for as long as the job takes to die: hold nothing but the channel and the lock (not another
+        # lock of this process, nor a descriptor our caller passed to hostlock).
+        _close_all_but(keep, chan_fd)
         if first:
             from .jobkill import kill_job
 
@@ -408,25 +431,55 @@ def _watch(r: int, keep: list[int]) -> None:
         os._exit(0)  # only now does the lock's last descriptor close
 
 
+def _reader(chan: object) -> Callable[[float | None], bytes | None]:
+    """read(deadline): what the channel brings next (b"" at EOF), or None once CLOCK_BOOTTIME `deadline`
+    passes first (None: no deadline). Timed reads need a socket (see _start_watcher)."""
+    if isinstance(chan, int):
+        def read_pipe(deadline: float | None) -> bytes | None:
+            if deadline is not None:
+                raise ValueError("a deadline needs the watcher's socket channel")
+            while True:
+                try:
+                    return os.read(chan, 4096)
+                except InterruptedError:
+                    continue
+
+        return read_pipe
+    import _socket
+
+    sock: _socket.socket = chan  # type: ignore[assignment]
+
+    def read_socket(deadline: float | None) -> bytes | None:
+        sock.settimeout(None if deadline is None else max(0.0, deadline - _boottime()))
+        try:
+            return sock.recv(4096)  # EINTR: retried with the time left (PEP 475)
+        except (_socket.timeout, BlockingIOError):  # timeout 0: nothing there (EAGAIN) once the deadline passed
+            return None
+
+    return read_socket
+
+
+def _close_all_but(keep: list[int], chan: int) -> None:
+    """Close every descriptor of this process but `keep` and `chan`."""
+    wanted = set(keep)
+    wanted.add(chan)
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every possible descriptor (bounded: this is a fallback)
+        fds = list(range(min(os.sysconf("SC_OPEN_MAX"), 65536)))
+    for fd in fds:
+        if fd not in wanted:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
 def _boottime() -> float:
     """CLOCK_BOOTTIME, the fleet engine's clock (it counts the time a stopped process did not run)."""
     from ..core.clock import boottime
 
     return boottime()
-
-
-def _readable_before(fd: int, deadline: float) -> bool:
-    """Whether `fd` has data (or EOF) before CLOCK_BOOTTIME `deadline`."""
-    import select  # a fleet lock's watcher only
-
-    while True:
-        left = deadline - _boottime()
-        if left <= 0:
-            return bool(select.select([fd], [], [], 0)[0])
-        try:
-            return bool(select.select([fd], [], [], left)[0])
-        except InterruptedError:
-            continue
 
 
 def _running(pid: int) -> bool:
@@ -542,7 +595,7 @@ def _fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Sta
     try:
         try:
             if job.watch:
-                watcher = _start_watcher(job.lock_fds)[0]
+                watcher = _start_watcher(job.lock_fds, job.valid_until is not None)[0]
                 # Every process the job starts inherits this tag, wherever it goes (setsid, double fork):
                 # the watcher finds them by it in /proc/PID/environ if it must kill the job.
                 tag = "%d.%d" % (parent, time.monotonic_ns())
@@ -554,7 +607,7 @@ def _fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Sta
         # After the watcher's fork: it never holds the gate's write end, whose close (with or without "g")
         # is what the job's process waits for.
         gate_r, gate_w = os.pipe()
-        pid = os.fork()
+        pid = forks.exec_fork()  # it execs the job or exits: no fork hook of the engine runs in it
     except OSError:
         for fd in (watcher, gate_r, gate_w):
             if fd >= 0:

@@ -1,6 +1,7 @@
-"""Fleet locks on etcd: the lock recipes, the keep-alive thread, and the Backend the engine dispatches to.
-(The queue's order and rule: fleet/queue.py; a waiter's watching: fleet/waiting.py; the Backend's status,
-break and leases: fleet/admin.py; all but the first loaded only when used.)
+"""Fleet locks on etcd: the lock recipes, the leases and their keep-alive thread, and the Backend the engine
+dispatches to. (The queue's order and rule: fleet/queue.py; what the keep-alive thread does: fleet/keepalive.py;
+a waiter's watching: fleet/waiting.py; the Backend's status, break and leases: fleet/admin.py; all but the
+first loaded only when used.)
 
 Key layout (etcd's own concurrency.Mutex, so `etcdctl lock PREFIX/NAME` and hostlock exclude each other):
 every holder or waiter of NAME is one key `<prefix><NAME>/<lease id hex>`, attached to one etcd lease per
@@ -26,12 +27,13 @@ import _signal
 import _thread
 import time
 
+from ..core import forks
 from ..core import oslite as os
 from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost
 from ..core.names import check_duration
 from .b64 import b64
-from .etcd import ATTEMPT, NOT_FOUND, Client, EtcdError, monotonic, prefix_end
+from .etcd import NOT_FOUND, Client, EtcdError, monotonic, prefix_end
 from .grant import grant, grant_body, lease_id
 from .queue import blockers, in_order
 
@@ -41,7 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..core.model import LockStatus, Meanwhile
     from .url import FleetURL
-    from .watch import Watch
 
     Builder = Callable[[Optional[int], Optional[int]], bytes]
 
@@ -51,7 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # Until the queue's answer names the key, the thread looks every KEY_WATCH_DELAY: no wake-up when it comes.
 # A record written with defer (write_record: `hostlock run`'s job's pid) waits as long, for the same reason.
 KEY_WATCH_DELAY = 0.1
-_INF = float("inf")
 # Held while a waiter that gives up takes its key out of the queue (EtcdLocker._attempt; cli.run likewise).
 INTERRUPTS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
 
@@ -59,13 +59,6 @@ INTERRUPTS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
 def _margin(ttl: float) -> float:
     """Declare the lease lost this long before etcd could: scheduling delays, clock-rate differences."""
     return min(1.0, ttl * 0.1)
-
-
-def _record_request(held: EtcdHeld, data: bytes) -> dict:
-    """The transaction that replaces our record, only while the key is still ours (same create_revision): never
-    one that recreates a key deleted meanwhile (its lease is in the put, but the compare fails first)."""
-    return {"compare": [{"key": b64(held.key), "target": "CREATE", "create_revision": str(held.fence)}],
-            "success": [{"request_put": {"key": b64(held.key), "value": b64(data), "lease": str(held.lease)}}]}
 
 
 class _LostPlace(Exception):
@@ -285,22 +278,6 @@ class Session:
             self.orphans.append(compare)
         self._poke()
 
-    def _delete_orphans(self, next_ka: float) -> bool:
-        """Delete the orphaned keys that etcd lets us delete now; False while some are left to try again."""
-        with self._mutex:
-            orphans = list(self.orphans)
-        for compare in orphans:
-            key = compare[0]["key"]
-            try:
-                self.client.call("kv/txn", {"compare": compare, "success": [{"request_delete_range": {"key": key}}]},
-                                 monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
-                                 attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
-            except (EtcdError, FleetUnavailable):
-                continue
-            with self._mutex:
-                self.orphans.remove(compare)
-        return not self.orphans
-
     def _poke(self) -> None:
         with self._mutex:  # never after _close_fds: the number could name someone else's file by then
             if self._fds:
@@ -353,184 +330,27 @@ class Session:
     def _loop(self) -> None:
         interval = max(0.1, self.ttl / 3.0)
         # Nothing is due sooner (the first keep-alive comes after `interval`, a key's watch after KEY_WATCH_DELAY;
-        # a stop is seen on waking). Sleeping first keeps this thread's first pass, and the `select` import (a
-        # shared library on many builds), off the start of a short job: they ran while the main thread read the
-        # queue's answer and opened the job's gate, on a core of two (with the job's process and etcd), and held
-        # the GIL (~0.3 ms of a `hostlock run --fleet URL NAME true`). Meanwhile it touches none of the session's
+        # a stop is seen on waking). Sleeping first keeps this thread's first pass, the loading of its code
+        # (fleet/keepalive.py) and of `select` (a shared library on many builds) off the start of a short job:
+        # they ran while the main thread read the queue's answer and opened the job's gate, on a core of two
+        # (with the job's process and etcd), and held the GIL (~0.3 ms of a `hostlock run --fleet URL NAME
+        # true`); a job shorter than that never loads them. Meanwhile the thread touches none of the session's
         # descriptors: a stop closes them at once (detach), not when this wakes.
-        next_ka = self.ok_at + interval
-        watches: dict = {}  # claim -> the Watch on its key
         try:
             time.sleep(min(KEY_WATCH_DELAY, interval))
-            with self._mutex:  # from here on detach leaves the descriptors to us; a stop is seen just below
+            with self._mutex:  # from here on detach leaves the descriptors to us
                 self._sleeping = False
-            import select
-
-            while True:
-                with self._mutex:
-                    if self._stopped or self._lost:
-                        return
-                    claims = list(self.claims)
-                self._drain()
-                now = boottime()
-                if now >= self.expires:
-                    self._lose_all("no keep-alive was answered within the lease's TTL (%gs)" % self.ttl,
-                                   unavailable=True)
+                if self._stopped or self._lost:  # released (or lost) meanwhile: nothing to load
                     return
-                if now >= next_ka:
-                    next_ka = self._keepalive(interval)
-                    if self._lost:
-                        return
-                    if any(w.i != self.client.answering for w in watches.values()):
-                        # The keep-alive was answered by another member: the one our watches are on may hang
-                        # (SIGSTOP, a black hole) and would never report a key's deletion. Watch where the
-                        # keep-alive got through (each reopen reads the key first: nothing is missed).
-                        for w in watches.values():
-                            w.close()
-                        watches = {}
-                    continue
-                for claim in [c for c in watches if c not in claims or c._lost]:
-                    watches.pop(claim).close()  # released, or lost by its own key: nothing more to watch
-                wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
-                if self.orphans and not self._delete_orphans(next_ka):
-                    wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
-                for claim in claims:
-                    if claim.later is not None:
-                        wake_at = min(wake_at, self._write_later(claim, next_ka))
-                    if claim.key is None:  # being queued: its watch_key() comes with etcd's answer
-                        wake_at = min(wake_at, now + KEY_WATCH_DELAY)  # waking us then would slow a job's start
-                        continue
-                    if not claim._lost and claim not in watches:
-                        if claim.watch_at > now:
-                            wake_at = min(wake_at, claim.watch_at)
-                            continue
-                        w = self._open_watch(claim, next_ka)
-                        if w is not None:
-                            watches[claim] = w
-                        elif not claim._lost:
-                            # Could not watch now: try again after a pause (never a hot loop against etcd);
-                            # keep-alives go on meanwhile, and so do the watches that are open.
-                            wake_at = min(wake_at, boottime() + 0.5)
-                pause = wake_at - boottime()
-                socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
-                # What select() cannot see: a message read along with an earlier one (a key deleted before its
-                # watch opened: etcd's "created" and the DELETE can come in one segment), or a whole TLS record
-                # already read from the socket.
-                ready = [claim for claim, w in watches.items()
-                         if w.buffered() or (getattr(w.sock, "pending", None) and w.sock.pending())]
-                if not ready:
-                    got = select.select([self._stop_r, *socks], [], [], max(0.0, pause))[0]
-                    ready = [socks[s] for s in got if s in socks]
-                for claim in ready:
-                    w = watches[claim]
-                    try:
-                        evs = w.events(monotonic() + 0.05)
-                    except OSError:  # WatchClosed among them: the stream ended
-                        watches.pop(claim).close()  # reopened after reading the key again: nothing is missed
-                        continue
-                    self._check(claim, evs)
+            from .keepalive import upkeep
+
+            upkeep(self, interval, KEY_WATCH_DELAY)
         finally:
-            for w in watches.values():
-                w.close()
             with self._mutex:
                 self._exited = True
                 stopped = self._stopped
             if stopped:
                 self._close_fds()
-
-    def _check(self, claim: Claim, evs: list | None) -> None:
-        for kind, key, kv in evs or ():
-            if key != claim.key:
-                continue
-            if kind == "DELETE":
-                claim.key_deleted()
-                return
-            if int(kv.get("lease") or 0) != self.lease:
-                claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
-                return
-
-    def _keepalive(self, interval: float) -> float:
-        """One keep-alive; returns when the next one is due."""
-        box = [boottime()]
-        try:
-            # A member stuck on a dead leader holds a request ~6 s before answering 503: give each member
-            # a quarter of the TTL, so the others are asked while the lease still lives.
-            reply = self.client.call("lease/keepalive", {"ID": str(self.lease)},
-                                     monotonic() + max(0.0, self.expires - box[0]), min_try=0.0,
-                                     attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)), sent=box)
-        except (FleetUnavailable, EtcdError):
-            return boottime() + min(interval, 0.25)  # retry soon: the loss deadline runs on
-        result = reply.get("result") or {}
-        try:
-            ttl = int(result.get("TTL") or 0)
-        except ValueError:
-            ttl = 0
-        sent = box[0]
-        if ttl <= 0:
-            self._lose_all("etcd says our lease %x is gone (expired or revoked)" % self.lease)
-            return sent
-        with self._mutex:
-            self.ok_at = max(self.ok_at, sent)
-        return sent + interval
-
-    def _write_later(self, claim: Claim, next_ka: float) -> float:
-        """Write the record claim.later holds once it is due; returns when to look again (inf: nothing left)."""
-        pending = claim.later
-        if pending is None:
-            return _INF
-        held, data, due = pending
-        if boottime() < due:
-            return due
-        with claim.writing:
-            if claim.later is not pending:  # replaced by a later one, or by a write of the caller's own
-                return _INF if claim.later is None else claim.later[2]
-            try:
-                reply = self.client.call("kv/txn", _record_request(held, data),
-                                         monotonic() + max(0.05, next_ka - boottime()), min_try=0.0,
-                                         attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
-            except (EtcdError, FleetUnavailable):
-                return boottime() + 0.5  # again after a pause, as for a watch that could not open
-            with claim._mutex:
-                if claim.later is pending:
-                    claim.later = None
-            if reply.get("succeeded"):
-                held.value = data
-                return _INF
-        claim.key_deleted()
-        return _INF
-
-    def _open_watch(self, claim: Claim, next_ka: float) -> Watch | None:
-        from .watch import open_watch  # loaded by the thread, KEY_WATCH_DELAY in: never for a short hold
-
-        key = claim.key
-        if key is None:  # not yet created: nothing to watch
-            return None
-        deadline = monotonic() + max(0.05, next_ka - boottime())
-        if claim._from:
-            # First watch: from the revision after our key's creation, every change of it arrives (a
-            # compacted start cancels the watch; the reopen below then reads the key first).
-            start, claim._from = claim._from, 0
-            try:
-                return open_watch(self.client, key, None, start, deadline, filters=(), wake=(self._stop_r,),
-                                  min_try=0.0)
-            except (FleetUnavailable, EtcdError, OSError):
-                return None
-        try:
-            # Read the key first, then watch from the revision read: whatever happened before (while the
-            # stream was down, or compacted away) is in the read, whatever happens after is in the stream.
-            reply = self.client.call("kv/range", {"key": b64(key)}, deadline, min_try=0.0,
-                                     attempt=max(0.2, min(self.ttl / 4.0, ATTEMPT)))
-            kvs = reply.get("kvs") or []
-            if not kvs:
-                claim.key_deleted()
-                return None
-            if int(kvs[0].get("lease") or 0) != self.lease:
-                claim._lose("our key %s was moved to another lease" % key.decode("utf-8", "replace"))
-                return None
-            rev = int((reply.get("header") or {}).get("revision") or 0)
-            return open_watch(self.client, key, None, rev + 1, deadline, filters=(), wake=(self._stop_r,), min_try=0.0)
-        except (FleetUnavailable, EtcdError, OSError):
-            return None
 
 
 # This process's shared leases: (cluster, credentials, TTL) -> Session. A forked child starts with none.
@@ -552,8 +372,7 @@ def _forget_sessions() -> None:
     _SESSIONS.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_sessions)
+forks.in_child(_forget_sessions)
 
 
 def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim: Claim, ids: list,
@@ -795,7 +614,9 @@ class EtcdLocker:
         with claim.writing:
             with claim._mutex:
                 claim.later = None  # this one is newer
-            reply = self.client.call("kv/txn", _record_request(held, data), monotonic() + self.ttl)
+            from .keepalive import record_request
+
+            reply = self.client.call("kv/txn", record_request(held, data), monotonic() + self.ttl)
         if not reply.get("succeeded"):
             raise LockLost("lost %s: our key is gone" % self.path)
         held.value = data

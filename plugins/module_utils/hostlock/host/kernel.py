@@ -29,6 +29,7 @@ import struct
 import sys
 import time
 
+from ..core import forks
 from ..core.names import MAX_SLOTS
 from . import waiting as _waiting
 from .waiting import TIMED_OUT, Expired, Race
@@ -569,8 +570,7 @@ def _close_detached_in_child() -> None:
             pass
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_detached_in_child)
+forks.in_child(_close_detached_in_child)
 
 
 def _attempt(call: Callable[..., object], *args: object, wait: bool) -> bool:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import _signal
 import _thread
-import os
 import time
+
+from ..core import forks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,8 +143,7 @@ def _forget_alarm() -> None:
     _alarm = None  # its timer thread did not survive fork: the child starts its own when it needs one
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_alarm)
+forks.in_child(_forget_alarm)
 
 
 class Race:
