@@ -8,7 +8,6 @@ hosts (fleet=URL), in etcd v3. This module is the public API; docs/layout.md map
 
 from __future__ import annotations
 
-from .api import Lock
 from .core.errors import (
     CorruptLockFile,
     FleetConfigError,
@@ -29,6 +28,7 @@ from .core.names import MAX_DURATION, parse_duration, validate_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
+    from .api import Lock
     from .core.holder import Holder
     from .host.directory import SYSTEM_DIRECTORY, default_directory
     from .queries import break_lock, holders, list_locks, status
@@ -36,13 +36,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __version__ = "0.1.0"
 # Loaded on first use (PEP 562): importing the package, as `hostlock run` does for hostlock.cli, loads neither
 # a host mechanism nor the read side (queries: status, holders, list_locks, break_lock; core.holder: a holder's
-# proofs and texts). Only from the command's
+# proofs and texts), nor the policy (api: Lock; `run --fleet` sends its lease's grant first). Only from the command's
 # bundle, whose code comes from a file held open since the start (cli/bundle.py): imported from files, they
 # come now, so that a process that drops its privileges (or whose engine is upgraded under it) after importing
 # hostlock still has them (as api.py imports the host mechanisms).
 _LAZY = {"SYSTEM_DIRECTORY": "host.directory", "default_directory": "host.directory", "Holder": "core.holder",
-         "status": "queries", "holders": "queries", "list_locks": "queries", "break_lock": "queries"}
+         "status": "queries", "holders": "queries", "list_locks": "queries", "break_lock": "queries", "Lock": "api"}
 if not getattr(getattr(globals().get("__spec__"), "loader", None), "PINNED", False):
+    from .api import Lock  # noqa: F811
     from .core.holder import Holder  # noqa: F811
     from .queries import break_lock, holders, list_locks, status  # noqa: F811
 

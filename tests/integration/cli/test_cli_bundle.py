@@ -153,15 +153,19 @@ def test_a_code_file_that_is_not_a_plain_file_is_not_followed_or_waited_on(lib, 
 
 
 def test_the_bundle_serves_only_hostlock_modules_it_has(lib):
-    """Other names, and a module added to the package after the build, go to the usual finders."""
+    """Other names, and a module added to the package after the build, go to the usual finders. The finder is
+    asked first (the built-in and frozen importers never have a hostlock module); what it serves has its source
+    as __file__, as a module imported from it."""
     Path(lib, "hostlock", "added.py").write_text("WHERE = 'file'\n")
     code = PROBE % lib + (
-        "import _hostlock_bundle as b, hostlock.added\n"
+        "import _hostlock_bundle as b, hostlock.added, hostlock.cli.run, json\n"
         "f = next(f for f in sys.meta_path if type(f).__name__ == 'BundleFinder')\n"
         "print(f.find_spec('json'), f.find_spec('hostlockx'), f.find_spec('hostlock.added'),"
-        " type(hostlock.added.__spec__.loader).__name__)\n")
+        " type(hostlock.added.__spec__.loader).__name__)\n"
+        "print(sys.meta_path.index(f), type(json.__spec__.loader).__name__, hostlock.cli.run.__file__)\n")
     out = subprocess.run([PYTHON, "-I", "-S", "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.splitlines()[-1] == "None None None SourceFileLoader"
+    assert out.splitlines()[-2] == "None None None SourceFileLoader"
+    assert out.splitlines()[-1] == "0 SourceFileLoader %s/hostlock/cli/run.py" % lib
 
 
 def test_a_package_imported_before_the_bundle_is_never_mixed_with_it(lib):

@@ -161,8 +161,8 @@ def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, mon
     def interrupted(reply):
         raise KeyboardInterrupt
 
-    def pipelined(self, path, body, then, deadline, sent, meanwhile=None, between=None):
-        return real_pipelined(self, path, body, then, deadline, sent, meanwhile, interrupted)
+    def pipelined(self, path, body, then, deadline, sent, meanwhile=None, between=None, pending=None):
+        return real_pipelined(self, path, body, then, deadline, sent, meanwhile, interrupted, pending)
 
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
     if way == "pipelined":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import _signal
 import time
 
+from ..core.model import FLEET_TTL
 from . import common as c
 from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
 from .supervise import Signalled, Started, die_like, start, supervise, trap_wait_signals, untrap, waker
@@ -39,13 +40,23 @@ def main_run(args: list[str]) -> int:
     finally:
         for job in early:
             job.cancel()  # the lock was not taken (or the job could not start): it never runs
+        if o.fleet is not None:
+            from ..fleet.grant import drop
+
+            drop()  # a grant sent early that no lock took (an error came first): revoked
 
 
 def _run(o: Options, early: list[Started]) -> int:
+    fleet = o.fleet is not None
+    if fleet and o.fleet:
+        # The lease's grant first: etcd commits it while the lock's modules load (the policy, the fleet engine,
+        # the owner record's), instead of after (fleet/grant.py, send_early).
+        from ..fleet.grant import send_early
+
+        send_early(o.fleet, FLEET_TTL if o.ttl is None else o.ttl)
     from ..api import Lock
     from ..core.errors import LockTimeout
 
-    fleet = o.fleet is not None
     trapped = trap_wait_signals() if fleet else None
     lock = None
     try:

@@ -11,8 +11,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def backend(url: str) -> Backend:
-    """The Backend for a fleet URL, chosen once from its scheme (only etcd is built)."""
+    """The Backend for a fleet URL, chosen once from its scheme (only etcd is built). The first one made for the
+    URL of a grant sent early (fleet.grant.send_early) takes over its client, whose connection carries it."""
     parsed = parse(url)
+    from .grant import take_client
     from .lock import EtcdBackend
 
-    return EtcdBackend(parsed)
+    return EtcdBackend(parsed, take_client(url))

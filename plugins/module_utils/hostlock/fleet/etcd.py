@@ -325,37 +325,22 @@ class Client:
             time.sleep(min(delay, left))  # every member failed just now: back off before the next round
             delay = min(delay * 2, 0.5)
 
-    def pipelined(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
-                  meanwhile: Meanwhile | None = None,
-                  between: Callable[[dict], None] | None = None) -> tuple[dict | None, dict | None]:
-        """Two requests in one round trip, on one connection to the member asked first: POST `body` to
-        /v3/`path`, write the request `then()` builds (path, body) right behind it without waiting for the
-        first's answer, then run `meanwhile()`: the caller's work overlaps etcd's, on both requests. `then` runs
-        only once the first request is written in full (sendall returned: its answer is the next thing the
-        connection reads), `meanwhile` once both are; what could not be written is left to the caller (a None
-        reply, below), and so is `meanwhile`. etcd's gateway (Go's net/http) serves a connection's requests one
-        after the other and answers them in order: the second is handled once the first is done, as if sent
-        after its answer. `between(reply)` runs once the first is answered, while the second's answer is on its
-        way. `sent[0]` is the boottime() at which the first was sent.
-
-        Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
-        then does that request (and the second, when the first is None) with call(), whose retries, errors and
-        messages are the only ones a caller sees. Network failures give None too: nothing is raised but
-        what `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the
-        member that failed is then asked last, as call() asks the next after a failure (a member that hangs
-        costs one attempt's time, not two)."""
+    def send_first(self, path: str, body: dict, deadline: float, sent: list) -> Pending | None:
+        """The first half of pipelined(): POST `body` to /v3/`path` on a connection to the member asked first,
+        its answer left unread; None when it could not be written (the member that failed is then asked last,
+        as call() asks the next after a failure). Nothing is raised but a FleetConfigError of the URL's
+        credentials. `sent[0]` is the boottime() at which it was sent."""
         n = len(self.endpoints)
         i = self._next % n
         timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
         end = monotonic() + timeout
-        first = second = None
         try:
             if self.url.user and self._token is None:
                 self._authenticate(i, deadline)
             conn, _reused = self._conn(i, timeout)
         except (_Retry, OSError):
             self._next = (i + 1) % n
-            return None, None
+            return None
         try:
             payload = dumps(body).encode("utf-8")
             sent[:] = [boottime()]
@@ -364,7 +349,37 @@ class Client:
         except OSError:
             conn.close()
             self._next = (i + 1) % n
-            return None, None
+            return None
+        return Pending(conn, i, end)
+
+    def pipelined(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
+                  meanwhile: Meanwhile | None = None,
+                  between: Callable[[dict], None] | None = None,
+                  pending: Pending | None = None) -> tuple[dict | None, dict | None]:
+        """Two requests in one round trip, on one connection to the member asked first: POST `body` to
+        /v3/`path`, write the request `then()` builds (path, body) right behind it without waiting for the
+        first's answer, then run `meanwhile()`: the caller's work overlaps etcd's, on both requests. `then` runs
+        only once the first request is written in full (sendall returned: its answer is the next thing the
+        connection reads), `meanwhile` once both are; what could not be written is left to the caller (a None
+        reply, below), and so is `meanwhile`. etcd's gateway (Go's net/http) serves a connection's requests one
+        after the other and answers them in order: the second is handled once the first is done, as if sent
+        after its answer. `between(reply)` runs once the first is answered, while the second's answer is on its
+        way. `sent[0]` is the boottime() at which the first was sent. `pending`: the first, sent already by
+        send_first() (then `path` and `body` are not sent again; None there: it could not be).
+
+        Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
+        then does that request (and the second, when the first is None) with call(), whose retries, errors and
+        messages are the only ones a caller sees. Network failures give None too: nothing is raised but
+        what `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the
+        member that failed is then asked last, as call() asks the next after a failure (a member that hangs
+        costs one attempt's time, not two)."""
+        if pending is None:
+            pending = self.send_first(path, body, deadline, sent)
+            if pending is None:
+                return None, None
+        n = len(self.endpoints)
+        conn, i, end = pending.conn, pending.i, pending.end
+        first = second = None
         try:
             path2, body2 = then()
             payload = dumps(body2).encode("utf-8")
@@ -452,6 +467,19 @@ class _NotHTTP(ConnectionError):
     def __init__(self, first: bytes) -> None:
         super().__init__("not an HTTP answer")
         self.first = first
+
+
+class Pending:
+    """A request written by Client.send_first() whose answer is still to be read (Client.pipelined reads it)."""
+
+    __slots__ = ("conn", "i", "end")
+
+    def __init__(self, conn: _Conn, i: int, end: float) -> None:
+        self.conn, self.i, self.end = conn, i, end  # the connection, its member's index, the attempt's end
+
+    def abandon(self) -> None:
+        """Its answer will never be read: the connection is closed (never reused with an answer pending)."""
+        self.conn.close()
 
 
 class _Conn:

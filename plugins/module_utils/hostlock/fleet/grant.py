@@ -1,16 +1,17 @@
-"""Leases granted with ids we choose (see grant), for locks (fleet.lock) and leases alike (fleet.admin)."""
+"""Leases granted with ids we choose (see grant), for locks (fleet.lock) and leases alike (fleet.admin); and the
+one grant a command sends early (send_early), before the modules that take the lock are even loaded."""
 
 from __future__ import annotations
 
 from ..core import oslite as os
 from ..core.errors import FleetUnavailable
 from ..core.model import FLEET_TTL
-from .etcd import EtcdError
+from .etcd import Client, EtcdError, monotonic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model import Meanwhile
-    from .etcd import Client
+    from .etcd import Pending
 
 DEFAULT_TTL = FLEET_TTL  # a lock's lease (core.model), and how long an admin call waits on etcd
 
@@ -50,3 +51,69 @@ def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | N
             except (EtcdError, FleetUnavailable):
                 pass
             lid = None
+
+
+class Early:
+    """A lease grant written before the lock that will use it exists (send_early): its client (the connection the
+    grant is on, its answer unread), the id asked for, the TTL, and when it was sent."""
+
+    __slots__ = ("url", "client", "lid", "ttl", "pending", "sent")
+
+    def __init__(self, url: str, client: Client, lid: int, ttl: float, pending: Pending, sent: float) -> None:
+        self.url, self.client, self.lid, self.ttl, self.pending, self.sent = url, client, lid, ttl, pending, sent
+
+
+_EARLY: list = []  # the early grant this process sent and no lock has taken yet (at most one)
+
+
+def send_early(url: str, ttl: float) -> None:
+    """Write the lease grant a fleet lock on `url` with `ttl` will need, now: `hostlock run --fleet` sends it as
+    soon as its options are read, and etcd commits it while the command loads the modules that take the lock
+    (~1 ms of a ~17 ms run, which would otherwise come before the grant). The first backend made for `url`
+    takes the client over (take_client) and its lock the grant (take): the queue transaction is written behind
+    it, on the same connection, as when both are sent together (Client.pipelined). Never raises: a URL that
+    does not parse, a member that cannot be reached, credentials refused... all are left to the lock's own
+    acquisition, its retries, messages and exit codes. A grant no lock takes is revoked (drop)."""
+    if _EARLY:
+        return
+    try:
+        from .url import parse
+
+        client = Client(parse(url))
+        lid = lease_id()
+        sent: list = []
+        pending = client.send_first("lease/grant", grant_body(ttl, lid), monotonic() + DEFAULT_TTL, sent)
+    except Exception:  # noqa: BLE001 - the acquisition says what is wrong, the one way it always does
+        return
+    if pending is not None:
+        _EARLY.append(Early(url, client, lid, ttl, pending, sent[0]))
+
+
+def take_client(url: str) -> Client | None:
+    """The early grant's client, for the backend of its URL (its connection carries the grant)."""
+    return _EARLY[0].client if _EARLY and _EARLY[0].url == url else None
+
+
+def take(client: Client, ttl: float) -> Early | None:
+    """The early grant on `client` for `ttl`, now the caller's (it reads the answer, or abandons it); None if
+    there is none for them."""
+    if _EARLY and _EARLY[0].client is client and _EARLY[0].ttl == ttl:
+        return _EARLY.pop()
+    return None
+
+
+def drop() -> None:
+    """The command is done, and no lock took the early grant (an error came first): revoke it, so that no lease
+    is left to expire. Its answer is read first (within a second), so the revoke never overtakes the grant."""
+    if not _EARLY:
+        return
+    early = _EARLY.pop()
+    try:
+        early.pending.conn.answer(min(early.pending.end, monotonic() + 1.0))
+    except Exception:  # noqa: BLE001 - no answer: the revoke below may then find no such lease (it expires)
+        pass
+    early.pending.abandon()
+    try:
+        early.client.call("lease/revoke", {"ID": str(early.lid)}, monotonic() + 1.0)
+    except Exception:  # noqa: BLE001 - best effort: the lease, which has no key, expires within its TTL anyway
+        pass

@@ -35,6 +35,7 @@ from ..core.names import check_duration
 from .b64 import b64
 from .etcd import NOT_FOUND, Client, EtcdError, monotonic, prefix_end
 from .grant import grant, grant_body, lease_id
+from .grant import take as take_early
 from .queue import blockers, in_order
 
 TYPE_CHECKING = False
@@ -410,15 +411,24 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
 
         # Granted with the registry locked: two threads starting at once share one lease, not two.
         queued = None
+        early = take_early(backend.client, ttl)  # the command's grant, on its way already (send_early)
+        if early is not None and queue is None:
+            early.pending.abandon()  # nothing to write behind it: granted again below (or revoked if etcd says so)
+            ids.append(early.lid)
         if queue is not None:
-            lid = lease_id()
+            if early is not None:
+                lid, pending = early.lid, early.pending
+                sent[:] = [early.sent]
+            else:
+                lid, pending = lease_id(), None
             ids.append(lid)
             reply, queued = backend.client.pipelined("lease/grant", grant_body(ttl, lid), lambda: queue(lid),
-                                                     deadline, sent, meanwhile, start)
+                                                     deadline, sent, meanwhile, start, pending)
             if reply is None:
                 start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
         else:
-            start(grant(backend.client, ttl, deadline, ids, sent, meanwhile))
+            start(grant(backend.client, ttl, deadline, ids, sent, meanwhile,
+                        lid=None if early is None else early.lid))
         return made[0], queued
 
 
@@ -642,9 +652,9 @@ class EtcdLocker:
 class EtcdBackend:
     """The fleet Backend on etcd (see fleet.url.Backend): one client (its connections) per fleet URL."""
 
-    def __init__(self, url: FleetURL) -> None:
+    def __init__(self, url: FleetURL, client: Client | None = None) -> None:
         self.url = url
-        self.client = Client(url)
+        self.client = client or Client(url)
 
     def forked(self) -> Client:
         self.client.forget()
