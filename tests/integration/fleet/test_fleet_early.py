@@ -5,6 +5,8 @@ grant no lock took is revoked (drop). It never raises: whatever is wrong is the 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 import hostlock
@@ -26,31 +28,34 @@ def no_early_left():
     assert grant._EARLY == []
 
 
+@contextlib.contextmanager
+def held(etcd, name, ttl):
+    """A fleet lock on `etcd` with `ttl`, held for the block, released after it."""
+    lock = hostlock.Lock(name, fleet=etcd.url, ttl=ttl)
+    assert lock.acquire(timeout=GUARD)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
 def test_the_first_lock_on_its_url_and_ttl_takes_the_early_grant(etcd):
     grant.send_early(etcd.url, 7.0)
     (early,) = grant._EARLY
-    lock = hostlock.Lock("early", fleet=etcd.url, ttl=7.0)
-    assert lock.acquire(timeout=GUARD)
-    try:
+    with held(etcd, "early", 7.0) as lock:
         assert grant._EARLY == []
         assert leases(etcd) == [early.lid]  # one lease: the one sent early, the key on it
         assert lock.fence is not None
-    finally:
-        lock.release()
     assert leases(etcd) == []
 
 
 def test_a_lock_with_another_ttl_grants_its_own_and_drop_revokes_the_early_one(etcd):
     grant.send_early(etcd.url, 5.0)
     (early,) = grant._EARLY
-    lock = hostlock.Lock("other-ttl", fleet=etcd.url, ttl=9.0)
-    assert lock.acquire(timeout=GUARD)
-    try:
+    with held(etcd, "other-ttl", 9.0):
         assert grant._EARLY == [early]  # not this lock's: still waiting
         ours = [lid for lid in leases(etcd) if lid != early.lid]
         assert len(ours) == 1
-    finally:
-        lock.release()
     grant.drop()
     assert grant._EARLY == [] and leases(etcd) == []  # revoked, not left to expire
 

@@ -412,23 +412,22 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
         # Granted with the registry locked: two threads starting at once share one lease, not two.
         queued = None
         early = take_early(backend.client, ttl)  # the command's grant, on its way already (send_early)
-        if early is not None and queue is None:
-            early.pending.abandon()  # nothing to write behind it: granted again below (or revoked if etcd says so)
-            ids.append(early.lid)
-        if queue is not None:
+        if queue is None:
             if early is not None:
-                lid, pending = early.lid, early.pending
-                sent[:] = [early.sent]
-            else:
-                lid, pending = lease_id(), None
-            ids.append(lid)
-            reply, queued = backend.client.pipelined("lease/grant", grant_body(ttl, lid), lambda: queue(lid),
-                                                     deadline, sent, meanwhile, start, pending)
-            if reply is None:
-                start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
-        else:
+                early.pending.abandon()  # nothing to write behind it: asked again (grant() revokes it if etcd made it)
+                ids.append(early.lid)
             start(grant(backend.client, ttl, deadline, ids, sent, meanwhile,
                         lid=None if early is None else early.lid))
+        else:
+            lid = lease_id() if early is None else early.lid
+            ids.append(lid)
+            if early is not None:
+                sent[:] = [early.sent]
+            reply, queued = backend.client.pipelined("lease/grant", grant_body(ttl, lid), lambda: queue(lid),
+                                                     deadline, sent, meanwhile, start,
+                                                     None if early is None else early.pending)
+            if reply is None:
+                start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
         return made[0], queued
 
 
