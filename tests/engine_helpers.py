@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -43,7 +44,15 @@ MECHANISMS = ["ofd", "flock", "record"]
 
 
 # The signals tests send to the processes they start (hostlock forwards them; ansible-playbook stops on them).
-TEST_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2")
+TEST_SIGNALS = ("HUP", "INT", "QUIT", "TERM", "USR1", "USR2", "ALRM", "PWR", "RTMIN+2", "RTMIN+3")
+
+
+def signum(name: str) -> int:
+    """A signal's number from its name as kill(1) takes it: TERM, SIGTERM, RTMIN+3."""
+    name = name[3:] if name.startswith("SIG") else name
+    if name.startswith("RTMIN"):
+        return signal.SIGRTMIN + int(name[5:] or 0)
+    return getattr(signal, "SIG" + name)
 
 
 def default_signals() -> None:
@@ -57,7 +66,7 @@ def default_signals() -> None:
     import signal
 
     for name in TEST_SIGNALS:
-        signal.signal(getattr(signal, name), signal.SIG_DFL)
+        signal.signal(signum(name), signal.SIG_DFL)
 
 
 @pytest.fixture

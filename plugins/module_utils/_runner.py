@@ -15,7 +15,8 @@ child runs it the way Ansible itself would: `<interpreter>` reading the script o
 the module's JSON. The caller's process (the `locked` module on the host) is the lock holder:
 
 - the lock is taken before the child starts and released only after the child has exited, whatever
-  happened: a failed module, SIGTERM/SIGINT/SIGHUP to the runner (forwarded to the child, then waited for);
+  happened: a failed module, SIGTERM, SIGINT, SIGHUP or any other signal that would end the runner (forwarded
+  to the child, then waited for);
 - the child gets PR_SET_PDEATHSIG=SIGKILL (Linux): a SIGKILLed runner takes its child with it, so work
   never goes on without the lock;
 - both leave the session and process group they were started in (`detach`): a controller that dies
@@ -40,6 +41,8 @@ from typing import Any
 
 from .hostlock import Lock, LockTimeout
 from .hostlock import lease as _lease
+from .hostlock.core.signals import ENDING
+from .hostlock.core.signals import name as signal_name
 from .hostlock.host.pathlock import PathLock
 
 _PR_SET_PDEATHSIG = 1
@@ -52,8 +55,9 @@ try:  # Linux: let the kernel kill the wrapped module when the runner dies (SIGK
 except (ImportError, OSError):  # no ctypes or no libc symbol table: signals are still forwarded
     pass
 
-# Signals a runner forwards to its child instead of dying: the lock must outlive the work.
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Signals a runner forwards to its child instead of dying: the lock must outlive the work. Every one that would end
+# the runner (hostlock.core.signals, as `hostlock run` forwards them), but SIGPIPE and SIGXFSZ, which Python ignores.
+FORWARDED = tuple(sorted(ENDING - {signal.SIGPIPE, signal.SIGXFSZ}))
 # How often a wait re-checks whether the lock is held by the caller's own run (see `own_holders`) and
 # whether the controller is still there to receive the result (see `controller_gone`).
 SELF_CHECK_EVERY = 1.0
@@ -415,7 +419,7 @@ def run_payload(payload: bytes, interpreter: str | None = None,
             signal.signal(s, h)
     result = parse_result(out, err, child.returncode)
     if got:
-        names = ", ".join(signal.Signals(s).name for s in got)
+        names = ", ".join(signal_name(s) for s in got)
         result.setdefault("failed", True)
         result["msg"] = (
             f"{result.get('msg') or ''} (the task was interrupted by {names}; the lock was held until "

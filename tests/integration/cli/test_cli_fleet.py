@@ -18,8 +18,10 @@ import time
 
 import pytest
 from cli_support import PYTHON, fd_links, kill_quietly, pid_alive, wait_file, wait_until
+from engine_helpers import signum
 
 from hostlock.core import procstat
+from hostlock.core.signals import ENDING
 
 HOST = os.uname().nodename
 
@@ -360,11 +362,13 @@ def test_cron_reports_a_lost_lock_as_a_failure(cli, etcd):
     assert "; job stopped, exit status 0 after " in last and last.endswith(": sh -c " + c_quote(job))
 
 
-def test_sigterm_to_hostlock_reaches_the_job_while_the_keepalive_thread_runs(cli, etcd):
-    script, started, _go = gated(cli, "a", "trap 'exit 7' TERM;")
+# SIGALRM too: the keep-alive thread's wake-ups use it, told apart by their sender (hostlock itself).
+@pytest.mark.parametrize("sig", ["TERM", "ALRM", "RTMIN+2"])
+def test_a_signal_to_hostlock_reaches_the_job_while_the_keepalive_thread_runs(cli, etcd, sig):
+    script, started, _go = gated(cli, "a", "trap 'exit 7' %s;" % sig)
     a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
     wait_file(started)
-    os.kill(a.pid, signal.SIGTERM)
+    os.kill(a.pid, signum(sig))
     assert a.wait(timeout=60) == 7  # forwarded, not hostlock killed by a signal its keep-alive thread took
 
 
@@ -380,7 +384,7 @@ def test_the_keepalive_thread_takes_no_signal(cli, etcd):
     for tid in tasks[1:]:
         with open("/proc/%d/task/%d/status" % (a.pid, tid)) as f:
             blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGALRM):
+        for sig in ENDING:
             assert blocked & (1 << (sig - 1)), (tid, sig)
     go.write_text("")
     assert a.wait(timeout=60) == 0

@@ -13,8 +13,8 @@ import signal
 import subprocess
 
 import pytest
-from cli_support import wait_file, wait_until
-from engine_helpers import default_signals
+from cli_support import LIB, PYTHON, wait_file, wait_until
+from engine_helpers import default_signals, signum
 from test_cli_fleet import controller, gated, status, wait_waiters
 
 TTL = "60s"
@@ -60,7 +60,9 @@ def serve_the_rest(cli, a, go, *waiters):
     return (cli.tmp / "order").read_text().split()
 
 
-@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT"])
+# Every signal that ends a process does (hostlock.core.signals): those named in issue 24 and others a user or a
+# supervisor sends (kill -s, timeout -s, systemd's KillSignal=, RLIMIT_CPU), a real-time one among them.
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT", "USR1", "PWR", "RTMIN+3"])
 def test_a_signalled_waiter_takes_its_key_with_it(cli, etcd, sig):
     a, go = holder(cli, etcd)
     w1 = waiter(cli, etcd, "w1", "-w", "5m")
@@ -68,10 +70,61 @@ def test_a_signalled_waiter_takes_its_key_with_it(cli, etcd, sig):
     w2 = waiter(cli, etcd, "w2", "-w", "5m")
     wait_waiters(cli, etcd.url, "deploy", 2)
     assert len(keys(etcd)) == 3
-    os.kill(w1.pid, getattr(signal, "SIG" + sig))
-    assert w1.wait(timeout=GUARD) == 128 + getattr(signal, "SIG" + sig), w1.stderr.read()
+    os.kill(w1.pid, signum(sig))
+    assert w1.wait(timeout=GUARD) == 128 + signum(sig), w1.stderr.read()
     assert len(keys(etcd)) == 2  # gone already: the holder's key and w2's
     assert serve_the_rest(cli, a, go, w2) == ["w2"]
+
+
+def test_a_run_waiter_holds_a_sigalrm_for_its_job(cli, etcd):
+    """The one exception: SIGALRM is a fleet `run`'s (and `cron`'s) own wake-up from its keep-alive thread, blocked
+    while it waits. Sent then, it stays pending, and reaches the job once that runs (exit 142), as documented."""
+    a, go = holder(cli, etcd)
+    argv = cli.argv("run", "--fleet", etcd.url, "--ttl", TTL, "-w", "5m", "deploy", "sleep", "30")
+    w1 = subprocess.Popen(argv, text=True, env=controller(cli, "w1"), stderr=subprocess.PIPE, start_new_session=True,
+                          preexec_fn=default_signals)
+    cli.procs.append(w1)
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    os.kill(w1.pid, signal.SIGALRM)
+    go.write_text("")
+    assert a.wait(timeout=GUARD) == 0
+    assert w1.wait(timeout=GUARD) == 128 + signal.SIGALRM, w1.stderr.read()  # its job, killed by it at once
+    assert keys(etcd) == []
+
+
+# The command in-process, with the last call it makes between the end of its wait and the job's start (`run`:
+# fence_env; `cron`: _capture_file) sending it a signal first: a signal that lands in that window, after the
+# lock is held.
+AS_THE_WAIT_ENDS = r"""
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from hostlock.cli import cron, main, run
+module = {"run": run, "cron": cron}[sys.argv[2]]
+name = sys.argv[3]
+real = getattr(module, name)
+
+def signalled_first(*args):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    return real(*args)
+
+setattr(module, name, signalled_first)
+sys.exit(main(sys.argv[2:3] + sys.argv[4:]))
+"""
+
+
+@pytest.mark.parametrize("command, window, args", [
+    ("run", "fence_env", ["deploy", "sleep", "30"]),
+    ("cron", "_capture_file", ["--name", "deploy", "sleep", "30"]),
+])
+def test_a_signal_as_the_wait_ends_reaches_the_job_and_the_lock_is_released(cli, etcd, command, window, args):
+    """Once the lock is held a signal is the job's: blocked before the wait's handlers go, it waits for the
+    supervisor, which forwards it (the job dies of it: 128+N), and the lock is released as the job ends.
+    Without that, hostlock died of it there, and its key stayed for the lease's whole TTL."""
+    r = subprocess.run([PYTHON, "-c", AS_THE_WAIT_ENDS, str(LIB), command, window, "--fleet", etcd.url, "--ttl", TTL,
+                        *args], capture_output=True, text=True, timeout=GUARD, env=controller(cli, "w"),
+                       preexec_fn=default_signals, check=False)
+    assert r.returncode == 128 + signal.SIGUSR1, (r.returncode, r.stderr)
+    assert keys(etcd) == []
 
 
 def test_a_waiter_under_timeout_1_takes_its_key_with_it(cli, etcd):
@@ -157,12 +210,12 @@ def queued_hold(cli, etcd, *extra, wrap=()):
     return a, go, h, w2
 
 
-@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT"])
+@pytest.mark.parametrize("sig", ["INT", "TERM", "HUP", "QUIT", "USR2", "ALRM", "RTMIN+3"])
 def test_a_signalled_hold_waiter_takes_its_key_with_it(cli, etcd, sig):
     """Without the clean-up its key stayed for the wait lease's 10 s TTL (SIGTERM, SIGHUP, SIGQUIT)."""
     a, go, h, w2 = queued_hold(cli, etcd)
-    os.kill(h.pid, getattr(signal, "SIG" + sig))
-    assert h.wait(timeout=GUARD) == 128 + getattr(signal, "SIG" + sig), h.stderr.read()
+    os.kill(h.pid, signum(sig))
+    assert h.wait(timeout=GUARD) == 128 + signum(sig), h.stderr.read()
     assert h.stdout.read() == ""  # no token: nothing is held
     assert "Traceback" not in h.stderr.read()
     assert len(keys(etcd)) == 2  # gone already: the holder's key and w2's

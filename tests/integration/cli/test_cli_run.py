@@ -8,7 +8,7 @@ import time
 
 import pytest
 from cli_support import fd_links, pid_alive, wait_file, wait_until
-from engine_helpers import default_signals
+from engine_helpers import default_signals, signum
 
 # ----------------------------------------------------------------------------------------- exit status
 
@@ -177,14 +177,15 @@ def test_sigterm_to_hostlock_reaches_the_job_and_hostlock_exits_with_its_status(
     assert cli.is_free("a")
 
 
-@pytest.mark.parametrize("sig", ["HUP", "INT", "QUIT", "USR1", "USR2"])
+# Every signal that would end hostlock (hostlock.core.signals), real-time ones and SIGALRM too.
+@pytest.mark.parametrize("sig", ["HUP", "INT", "QUIT", "USR1", "USR2", "ALRM", "PWR", "RTMIN+2"])
 def test_other_signals_are_forwarded(cli, tmp_path, sig):
     mark = tmp_path / "got"
     ready = tmp_path / "trapped"
     p = cli.start("run", "a", "-c", f"trap 'echo {sig} >> {mark}; exit 0' {sig}; echo ok > {ready}; sleep 30 & wait")
     cli.wait_held("a")
     wait_file(ready)  # the trap is set: a signal before it would end the shell, not test the forwarding
-    os.kill(p.pid, getattr(signal, "SIG" + sig))
+    os.kill(p.pid, signum(sig))
     assert p.wait(10) == 0
     assert mark.read_text() == f"{sig}\n"  # exactly once
 

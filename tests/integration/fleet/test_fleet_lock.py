@@ -15,6 +15,7 @@ import time
 
 import fleet_etcd
 import pytest
+from engine_helpers import signum
 
 import hostlock
 
@@ -429,11 +430,13 @@ class Stop(BaseException):
 def stop(signum, frame):
     raise Stop(signum)
 
-signal.signal(signal.SIGTERM, stop)
+first, second = int(sys.argv[2]), int(sys.argv[3])
+signal.signal(first, stop)
+signal.signal(second, stop)
 revoke = fleet_lock.EtcdLocker._revoke
 
 def revoke_after_a_second_signal(self, lease):
-    os.kill(os.getpid(), signal.SIGTERM)  # as timeout(1) signals its command, then its process group
+    os.kill(os.getpid(), second)  # as timeout(1) signals its command, then its process group
     revoke(self, lease)
 
 fleet_lock.EtcdLocker._revoke = revoke_after_a_second_signal
@@ -445,16 +448,19 @@ except Stop:
 """
 
 
-def test_a_second_signal_does_not_cut_a_leaving_waiters_revoke_short(etcd):
+# The second signal another than the first too: the engine holds every one that ends a process (core.signals).
+@pytest.mark.parametrize("first, second", [("TERM", "TERM"), ("TERM", "USR1"), ("HUP", "RTMIN+1")])
+def test_a_second_signal_does_not_cut_a_leaving_waiters_revoke_short(etcd, first, second):
     """A waiter ended by a signal revokes its lease before it leaves; a second signal that comes meanwhile is
     held until the revoke is done (then delivered), so the waiter's key never outlives it."""
     holder = hostlock.Lock("ahead", fleet=etcd.url)
     holder.acquire()
     try:
-        w = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL, etcd.url], stdout=subprocess.PIPE, text=True)
+        w = subprocess.Popen([sys.executable, "-c", SECOND_SIGNAL, etcd.url, str(signum(first)), str(signum(second))],
+                             stdout=subprocess.PIPE, text=True)
         assert w.stdout is not None and w.stdout.readline() == "waiting\n"
         until(lambda: len(keys(etcd, "hostlock/ahead/")) == 2, "the waiter's key")
-        w.send_signal(signal.SIGTERM)
+        w.send_signal(signum(first))
         out, _err = w.communicate(timeout=WAIT)
         assert (w.returncode, out) == (0, "stopped\n")
         assert keys(etcd, "hostlock/ahead/") == ["hostlock/ahead/%x" % holder._held.lease]

@@ -472,15 +472,16 @@ def _hold_output(ns: argparse.Namespace, where: dict[str, Any], token: str) -> s
 
 def _hold_fleet(ns: argparse.Namespace, where: dict[str, Any]) -> int:
     """hold --fleet: a waiter's key sits in etcd's queue, so every way this command ends before its token is
-    out (SIGINT, SIGTERM, SIGHUP, SIGQUIT, timeout(1), -w running out) takes that key, or the lease it got,
-    with it: exit 128+N, nothing held, and the next waiter is served at the next handoff, not a TTL later.
+    out (any signal that ends a process, core.signals: SIGINT, SIGTERM, SIGUSR1, SIGALRM...; timeout(1); -w
+    running out) takes that key, or the lease it got, with it: exit 128+N, nothing held, and the next waiter is
+    served at the next handoff, not a TTL later.
     Once the token is written the hold is done: a signal after that no longer undoes it (it is blocked)."""
     import _signal
 
+    from ..core.signals import ENDING as stops
     from .supervise import Signalled, trap_wait_signals, untrap
 
-    stops = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
-    trapped = trap_wait_signals()  # TERM, HUP, QUIT raise Signalled (SIGINT: KeyboardInterrupt) and unwind
+    trapped = trap_wait_signals()  # each raises Signalled (SIGINT: KeyboardInterrupt) and unwinds
     token = None
     try:
         try:

@@ -14,7 +14,7 @@ from ..core.names import name_chars
 from . import common as c
 from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
 from .run import signalled_while_waiting
-from .supervise import Signalled, supervise, trap_wait_signals, untrap, waker
+from .supervise import Signalled, block_job_signals, supervise, trap_wait_signals, untrap, waker
 
 
 def _fnv1a32(data: bytes) -> int:
@@ -119,6 +119,7 @@ def main_cron(args: list[str]) -> int:
 
     cmdline = c.join_command(o.command)
     trapped = trap_wait_signals() if o.fleet is not None else None
+    mask = None  # see cli.run
     lock = None
     try:
         try:
@@ -126,10 +127,12 @@ def main_cron(args: list[str]) -> int:
             if o.verbose:
                 c.say("cron job lock %s in %s" % (o.name, where(lock)))
             lock.acquire(timeout=o.wait)
+            if trapped is not None:
+                mask = block_job_signals()  # see cli.run
         finally:
             untrap(trapped)
     except Signalled as sig:
-        return signalled_while_waiting(lock, sig)
+        return signalled_while_waiting(lock, sig.signum)
     except LockTimeout as exc:
         text = c.conflict_text(o.name, exc, o.wait)
         if o.on_conflict != "quiet" or o.verbose:
@@ -140,7 +143,7 @@ def main_cron(args: list[str]) -> int:
             return o.conflict_code
         return c.CONFLICT_DEFAULT if o.on_conflict == "fail" else 0
     except KeyboardInterrupt:
-        return 128 + _signal.SIGINT
+        return signalled_while_waiting(lock, _signal.SIGINT)
     except Exception as exc:
         code = c.error_exit_code(exc)
         if code == c.EX_USAGE:
@@ -163,7 +166,7 @@ def main_cron(args: list[str]) -> int:
         except OSError as exc:  # never lose output: run uncaptured and say why
             c.say("cannot capture the job's output (%s); it goes straight to cron" % (exc.strerror or exc))
         try:
-            outcome = supervise(job_of(o, lock, capture if capture >= 0 else None), recorder(lock, o))
+            outcome = supervise(job_of(o, lock, capture if capture >= 0 else None), recorder(lock, o), mask=mask)
         except OSError as exc:
             c.say("cannot start %s: %s" % (cmdline, c.describe_error(exc)))
             if o.syslog:

@@ -12,7 +12,17 @@ import time
 from ..core.model import FLEET_TTL
 from . import common as c
 from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
-from .supervise import Signalled, Started, die_like, start, supervise, trap_wait_signals, untrap, waker
+from .supervise import (
+    Signalled,
+    Started,
+    block_job_signals,
+    die_like,
+    start,
+    supervise,
+    trap_wait_signals,
+    untrap,
+    waker,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,6 +68,7 @@ def _run(o: Options, early: list[Started]) -> int:
     from ..core.errors import LockTimeout
 
     trapped = trap_wait_signals() if fleet else None
+    mask = None  # with a fleet lock: the signal mask from before the job's signals were blocked, as the wait ended
     lock = None
     try:
         try:
@@ -73,16 +84,18 @@ def _run(o: Options, early: list[Started]) -> int:
                 lock.acquire(timeout=o.wait, meanwhile=_early_start(o, lock, early))
             else:
                 lock.acquire(timeout=o.wait)
+            if trapped is not None:
+                mask = block_job_signals()  # held before the wait's handlers go: see block_job_signals
         finally:
             untrap(trapped)  # from here on a signal is the job's (supervise forwards it)
     except Signalled as sig:
-        return signalled_while_waiting(lock, sig)
+        return signalled_while_waiting(lock, sig.signum)
     except LockTimeout as exc:
         if not o.quiet:
             c.say(c.conflict_text(o.name or "", exc, o.wait))
         return c.CONFLICT_DEFAULT if o.conflict_code is None else o.conflict_code
     except KeyboardInterrupt:
-        return 128 + _signal.SIGINT
+        return signalled_while_waiting(lock, _signal.SIGINT)
     except Exception as exc:
         return _lock_failed(o, exc)
     lost = False
@@ -97,9 +110,9 @@ def _run(o: Options, early: list[Started]) -> int:
         try:
             if early:
                 outcome = supervise(early[0].job, recorder(lock, o, defer=True), started=early[0],
-                                    env=fence_env(lock))
+                                    env=fence_env(lock), mask=mask)
             else:
-                outcome = supervise(job_of(o, lock), recorder(lock, o))
+                outcome = supervise(job_of(o, lock), recorder(lock, o), mask=mask)
         except OSError as exc:
             c.say("cannot start the job: %s" % c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
@@ -135,20 +148,20 @@ def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[]
     return meanwhile
 
 
-def signalled_while_waiting(lock: RunLock | None, sig: Signalled) -> int:
-    """A waiter ended by a signal: the wait has revoked its lease (its key is out of the queue); a lock
-    taken in the instant the signal came is released. Exit 128+N, as for SIGINT."""
+def signalled_while_waiting(lock: RunLock | None, signum: int) -> int:
+    """A waiter ended by signal `signum` (SIGINT: its KeyboardInterrupt): the wait has revoked its lease (its
+    key is out of the queue); a lock taken in the instant the signal came is released. Exit 128+N."""
     if lock is not None and getattr(lock, "locked", False):
         # Leaving: a second signal (default action again) must not end us before the release. main() exits
-        # with them still blocked, or gives a library caller its mask back. (Only a fleet wait is signalled.)
-        from ..fleet.lock import INTERRUPTS
+        # with them still blocked, or gives a library caller its mask back.
+        from ..core.signals import ENDING
 
-        _signal.pthread_sigmask(_signal.SIG_BLOCK, INTERRUPTS)
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, ENDING)
         try:
             lock.release()
         except Exception:  # noqa: BLE001 - leaving anyway; the lease ends within its TTL
             pass
-    return 128 + sig.signum
+    return 128 + signum
 
 
 def _lock_failed(o: Options, exc: BaseException) -> int:

@@ -42,19 +42,24 @@ import time
 
 from ..core import forks, procstat
 from ..core import oslite as os
+from ..core.signals import ENDING
+from ..core.signals import name as _signame
 from . import common as c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Mapping
 
-FORWARDED = (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP, _signal.SIGQUIT, _signal.SIGUSR1, _signal.SIGUSR2)
-_WAITED = set(FORWARDED) | {_signal.SIGCHLD}
+# Every signal that would end hostlock reaches the job instead (core.signals), but the two Python ignores for itself
+# (as flock(1) and a shell leave them to the process they are sent to).
+FORWARDED = ENDING - {_signal.SIGPIPE, _signal.SIGXFSZ}
+_WAITED = FORWARDED | {_signal.SIGCHLD}
 _SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a terminal
 _PR_SET_PDEATHSIG = 1
 DEFAULT_KILL_AFTER = 10.0
 PROCESS_GROUPS = ("auto", "new", "same")
-# Another thread's "look at job.abort() now" (see waker). Never used for alarm(): nothing here arms one.
+# Another thread's "look at job.abort() now" (see waker), told from anyone else's SIGALRM by its sender: this process.
+# Never used for alarm(): nothing here arms one while a job runs.
 WAKE = _signal.SIGALRM
 _wake_was_blocked = False  # WAKE was blocked before waker() blocked it: the job inherits it blocked, as given
 
@@ -123,15 +128,16 @@ def waker() -> Callable[[], None]:
 
 
 class Signalled(BaseException):
-    """TERM, HUP or QUIT while waiting for a fleet lock: raised (as SIGINT raises KeyboardInterrupt) so the
-    wait unwinds and revokes its lease, and the waiter's key leaves the queue before hostlock exits."""
+    """A signal that ends a process (SIGTERM, SIGHUP, SIGUSR1, ...: WAIT_SIGNALS) while waiting for a fleet lock:
+    raised (as SIGINT raises KeyboardInterrupt) so the wait unwinds and revokes its lease, and the waiter's key
+    leaves the queue before hostlock exits."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
 
-WAIT_SIGNALS = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+WAIT_SIGNALS = sorted(ENDING - {_signal.SIGINT})  # SIGINT: KeyboardInterrupt, which unwinds the wait as well
 
 
 def _signalled(signum: int, _frame: object) -> None:
@@ -212,14 +218,18 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
             os._exit(c.EX_OSERR)
         # What the exec needs but the gate's news, made before waiting at it (a fleet lock's job waits there
         # for etcd): every object touched copies one of hostlock's pages, better before the lock is held than
-        # after. Python ignores SIGPIPE and SIGXFSZ and handles SIGINT; a job expects the defaults (as
-        # subprocess restores them); a SIGINT ignored by hostlock's own parent (nohup, `cmd &`) stays ignored.
-        # (All three are blocked until the exec: nothing changes for us meanwhile.)
+        # after. Python ignores SIGPIPE and SIGXFSZ; a job expects the defaults (as subprocess restores them).
+        # Python handles SIGINT, and a fleet lock's wait every other signal that ends a process (forked during
+        # that wait, we have its handlers): back to the default too, before the mask lets one in, or a signal
+        # forwarded to the job just before its exec would run a handler here (the job's process would exit 71)
+        # or be lost with the exec. A signal ignored by hostlock's own caller (nohup, `cmd &`) stays ignored.
         environ = _environ_with(job.env)
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
-        if _signal.getsignal(_signal.SIGINT) is not _signal.SIG_IGN:
-            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        for sig in FORWARDED:
+            handler = _signal.getsignal(sig)
+            if handler is not _signal.SIG_DFL and handler is not _signal.SIG_IGN:
+                _signal.signal(sig, _signal.SIG_DFL)
         if job.abort is not None and not _wake_was_blocked:
             mask = mask - {WAKE}  # blocked by waker() for us, not the job
         # Wait until hostlock has told the watcher our pid and holds the lock: it writes what to add to our
@@ -524,14 +534,6 @@ class Outcome:
         return "%s after %s" % (what, c.format_span(self.elapsed))
 
 
-def _signame(sig: int) -> str:
-    for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL", "SIGSEGV",
-                 "SIGABRT", "SIGPIPE", "SIGALRM", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGXCPU"):
-        if getattr(_signal, name, None) == sig:
-            return name
-    return "SIG%d" % sig
-
-
 class Started:
     """A job's process, forked and held at its gate until supervise() lets it exec (or cancel() sends it away);
     its watcher, if any, knows its pid already. See start()."""
@@ -637,16 +639,29 @@ def _gate_message(env: Mapping[str, str] | None) -> bytes:
     return b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in (env or {}).items()) + b"g"
 
 
+def block_job_signals() -> set[int]:
+    """Block, now, the signals supervise() forwards; returns the mask from before, for supervise(mask=...).
+
+    A fleet lock's command calls it as its wait ends, before the wait's handlers go (untrap): a signal that
+    comes between the two then waits for supervise() to forward it to the job, where it would have ended
+    hostlock with its key held for a whole TTL.
+    """
+    return _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
+
+
 def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: Started | None = None,
-              env: Mapping[str, str] | None = None) -> Outcome:
+              env: Mapping[str, str] | None = None, mask: set[int] | None = None) -> Outcome:
     """Fork and exec the job (or let the process start() forked exec), forward signals, enforce its time
     limit, reap it.
 
     `on_start(pid)` runs once the job is forked (e.g. to record its pid in the owner record). `env` is added
     to the job's environment as its process execs (what was not known when start() forked it: a fleet
-    lock's fence). The caller holds the lock throughout.
+    lock's fence). `mask`: block_job_signals()'s answer, when the caller blocked them already. The caller
+    holds the lock throughout.
     """
     old_mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, _WAITED)
+    if mask is not None:
+        old_mask = mask  # the mask to give back (and the job's), from before the caller blocked them
     if started is None:
         try:
             started = _fork_job(job, old_mask, _prctl())
@@ -702,7 +717,8 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
             pass
 
     abort = job.abort
-    waited = _WAITED | {WAKE} if abort is not None else _WAITED  # WAKE: blocked since waker()
+    waited = _WAITED  # WAKE among them: a fleet lock's has been blocked since waker()
+    me = os.getpid()
     deadline = started_at + job.time_limit if job.time_limit is not None else None
     timed_out = False
     aborted = False
@@ -767,7 +783,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
             sig = info.si_signo
             if sig == _signal.SIGCHLD:
                 continue
-            if sig == WAKE:  # from waker()'s wake(), or a stray SIGALRM: abort() decides, never the signal
+            if sig == WAKE and info.si_pid == me:  # waker()'s wake() (pthread_kill): abort() decides
                 if abort is not None and not aborted and abort():
                     aborted = True
                     if not terminated:  # after a time limit's SIGTERM, its SIGKILL deadline stands

@@ -32,6 +32,7 @@ from ..core import oslite as os
 from ..core.clock import boottime
 from ..core.errors import FleetUnavailable, HostlockError, LockLost
 from ..core.names import check_duration
+from ..core.signals import ENDING
 from .b64 import b64
 from .etcd import NOT_FOUND, Client, EtcdError, monotonic, prefix_end
 from .grant import grant, grant_body, lease_id
@@ -53,8 +54,6 @@ if TYPE_CHECKING:  # pragma: no cover
 # Until the queue's answer names the key, the thread looks every KEY_WATCH_DELAY: no wake-up when it comes.
 # A record written with defer (write_record: `hostlock run`'s job's pid) waits as long, for the same reason.
 KEY_WATCH_DELAY = 0.1
-# Held while a waiter that gives up takes its key out of the queue (EtcdLocker._attempt; cli.run likewise).
-INTERRUPTS = {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT}
 
 
 def _margin(ttl: float) -> float:
@@ -499,7 +498,7 @@ class EtcdLocker:
             if not ok:
                 # A second signal must not cut this short (timeout(1) signals its command and then its process
                 # group; Ctrl-C twice): held until our key is gone, then delivered.
-                mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, INTERRUPTS)
+                mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, ENDING)
                 try:
                     granted = claim.session is None
                     self._leave(claim, claim.name_key, 0)

@@ -130,17 +130,20 @@ def test_own_run_holder_fails_at_once(lockdir):
         other.release()
 
 
-def test_signals_are_forwarded_and_the_work_is_waited_for():
-    """SIGTERM to the runner reaches the payload, which ends; the result says the task was interrupted."""
+# Every signal that would end the runner (hostlock.core.signals), a real-time one too.
+@pytest.mark.parametrize("sig, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGUSR1, "SIGUSR1"),
+                                       (signal.SIGRTMIN + 1, "SIGRTMIN+1")])
+def test_signals_are_forwarded_and_the_work_is_waited_for(sig, name):
+    """A signal to the runner reaches the payload, which ends; the result says the task was interrupted."""
     payload = (
         b"import json, signal, time, sys\n"
-        b"def done(*a):\n    print(json.dumps({'got': 'TERM'})); sys.exit(0)\n"
-        b"signal.signal(signal.SIGTERM, done)\n"
-        b"import os; os.kill(os.getppid(), signal.SIGTERM)\n"
-        b"time.sleep(60)\n"
+        b"def done(*a):\n    print(json.dumps({'got': a[0]})); sys.exit(0)\n"
+        b"signal.signal(%d, done)\n"
+        b"import os; os.kill(os.getppid(), %d)\n"
+        b"time.sleep(60)\n" % (sig, sig)
     )
     result, _pid = run_payload(payload)
-    assert result["got"] == "TERM" and result["failed"] and "SIGTERM" in result["msg"], result
+    assert result["got"] == sig and result["failed"] and name in result["msg"], result
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL or signal.getsignal(signal.SIGTERM) is not None
 
 
