@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -323,6 +324,26 @@ def test_a_revoked_lock_stops_the_job_and_exits_79(cli, etcd):
     last = a.stderr.read().splitlines()[-1]  # a line before it may be the job's (sh: "Terminated")
     assert last.startswith("hostlock: lost lock 'deploy' in %s/hostlock/deploy/: " % etcd.url), last
     assert "; fence %d; job stopped, exit status 5 after " % fence in last
+
+
+def test_a_lost_locks_job_ends_whole_even_what_left_its_group(cli, etcd):
+    """The job is its whole tree, as for the watcher: a child that left the job's group (setsid) gets SIGTERM
+    once the job's first process is gone and SIGKILL at the group's deadline, and hostlock exits only once it
+    is gone. It ran on before, beside the lock's next holder."""
+    escaped, got = cli.tmp / "escaped", cli.tmp / "escaped-term"
+    inner = "trap 'echo term > %s; exit 0' TERM; echo $$ > %s; while :; do sleep 0.02; done" % (got, escaped)
+    script, started, _go = gated(cli, "a", "setsid sh -c %s & while [ ! -s %s ]; do sleep 0.02; done;"
+                                 % (shlex.quote(inner), escaped))
+    a = cli.start("run", "--fleet", etcd.url, "--ttl", "60s", "--kill-after", "25s", "deploy", "-c", script,
+                  env=controller(cli, "a"))
+    wait_file(started)
+    pid = int(escaped.read_text())
+    assert procstat.split(procstat.read(pid))[procstat.PGRP] == str(pid).encode()  # its own group, not the job's
+    r = cli.run("break", "--fleet", etcd.url, "--force", "deploy", env=controller(cli, "b"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert a.wait(timeout=60) == 79
+    assert not pid_alive(pid)  # gone by the time hostlock exits
+    assert got.read_text() == "term\n"  # it had its SIGTERM first, and the grace to act on it
 
 
 def test_a_deleted_key_stops_the_job_and_exits_79(cli, etcd):

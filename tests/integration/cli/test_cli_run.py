@@ -2,6 +2,7 @@
 (see ../shared/ANCHORS.md) turned into a test."""
 
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -306,6 +307,19 @@ def test_timeout_kills_after_kill_after_when_term_is_ignored(cli, tmp_path):
     assert "sending SIGKILL" in r.stderr
     # the whole process group went, not only the shell
     wait_until(lambda: not pid_alive(int(pids.read_text())), 5, "the job's child to be killed")
+
+
+def test_timeout_ends_what_left_the_jobs_group_before_the_lock_is_free(cli, tmp_path):
+    """--time-limit ends the job's whole tree, as the watcher would: a child that left the job's group with
+    setsid is gone by the time hostlock exits 124 and frees the lock (it ran on before, unlocked). The limit
+    only has to outlast the job's first steps (a fork, a write); nothing here waits for it to pass sooner."""
+    escaped = tmp_path / "escaped"
+    inner = "echo $$ > %s; exec sleep 300" % escaped
+    r = cli.run("run", "--time-limit", "3s", "--kill-after", "1s", "a", "-c",
+                "setsid sh -c %s & while [ ! -s %s ]; do sleep 0.02; done; sleep 300" % (shlex.quote(inner), escaped))
+    assert r.returncode == 124, r.stderr
+    assert not pid_alive(int(escaped.read_text()))
+    assert cli.is_free("a")
 
 
 def test_a_job_that_finishes_in_time_keeps_its_status(cli):

@@ -2,7 +2,9 @@
 once every process of it is gone (a zombie counts as gone: it runs nothing and holds no descriptor).
 
 Imported only then, in the watcher (see `cli.supervise`), which still holds the lock: the lock is free only
-after this returns. What counts as the job:
+after this returns. Also by the supervisor when it stopped a job (its time limit, its fleet lock lost) and the
+job's first process is gone while others of the job run on (`end_the_rest`): they end too, before the lock
+is released or can be handed on. What counts as the job:
 - every process whose environment carries the job's tag (HOSTLOCK_JOB=..., set by the supervisor and
   inherited by everything the job starts: it survives setsid(), double forks and orphaning, which is how
   a killer of hostlock's whole session, that orphans the job's setsid'd children at once, is answered);
@@ -217,6 +219,31 @@ def _killpg(job: int, sig: int) -> None:
         os.killpg(job, sig)
     except OSError:
         pass
+
+
+def end_the_rest(job: int, new_group: bool, tag: bytes, kill_at: float) -> None:
+    """A stopped job's first process is gone: give every other process of it (one that left the group with
+    setsid, a double fork's orphan; found by tag, group and descent) SIGTERM, those still there at `kill_at`
+    (time.monotonic()) SIGKILL, and return once none runs. The group got its SIGTERM already; a second one
+    would run a job's TERM trap twice, so only the others get one here."""
+    found = _members(job, new_group, None, set(), tag)
+    if not found:
+        return
+    pinned = _pin_all(found)
+    try:
+        for v in pinned.values():
+            st = v.state()
+            if not (new_group and st is not None and st[2] == job):
+                v.signal(_signal.SIGTERM)
+                v.signal(_signal.SIGCONT)  # a stopped one must wake up to die
+        nap = 0.001
+        while time.monotonic() < kill_at and any(_alive(v.state()) for v in pinned.values()):
+            time.sleep(min(nap, max(0.0, kill_at - time.monotonic())))
+            nap = min(nap * 2, 0.05)
+    finally:
+        for v in pinned.values():
+            v.close()
+    kill_job(job, new_group, b"", tag)  # whatever is left, and anything forked meanwhile: frozen, then killed
 
 
 def kill_job(job: int, new_group: bool, job_stat: bytes, tag: bytes = b"") -> None:

@@ -801,6 +801,18 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
             if verbose:
                 c.say("forwarding %s to the job" % _signame(sig))
             send(sig)
+        if terminated:
+            # Stopped (time limit, lock lost): the job's first process is gone, but the job is its whole tree,
+            # as for the watcher (cli.jobkill). What left the group (setsid, a double fork) gets SIGTERM now and
+            # SIGKILL at the deadline the group had: the lock is never released, nor handed on, while any of
+            # it runs. The watcher is still told nothing: should we die meanwhile, it kills them.
+            from .jobkill import end_the_rest
+
+            try:
+                end_the_rest(pid, new_group, os.fsencode((job.env or {}).get("HOSTLOCK_JOB", "")),
+                             time.monotonic() if deadline is None else deadline)
+            except OSError as exc:  # /proc unreadable: say so; the job's first process is gone in any case
+                c.say("cannot look for the rest of the job's processes: %s" % c.describe_error(exc))
     finally:
         if watcher >= 0:
             try:
