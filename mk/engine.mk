@@ -3,7 +3,7 @@
 #   make test-engine   real processes and signals: 8-process stress with an overlap detector, SIGKILL at
 #                      random points, PID reuse in a pid namespace, hostile directories, leases (~1-2 min)
 #   make test-pythons  the engine tests on every CPython 3.8-3.13 that pyenv has (skips missing ones),
-#                      each in its own .venv-pyXY with requirements/pythons.txt (~2-3 min)
+#                      each in its own .venv-pyXY with requirements/pythons.txt, two xdist workers as test-engine (~3 min)
 #
 # The engine's unit tests (tests/unit/engine) run in test-unit with everything else under tests/unit.
 
@@ -26,7 +26,7 @@ test-pythons:
 	  if [[ ! -x $$venv/bin/pytest || requirements/pythons.txt -nt $$venv/bin/pytest ]]; then \
 	    "$$py" -m venv --clear $$venv && $$venv/bin/python -m pip install -q -r requirements/pythons.txt; fi; \
 	  echo "make test-pythons: $$("$$py" -V) ($$py)"; \
-	  PYTHONPATH=$(CURDIR)/plugins/module_utils $$venv/bin/python -m pytest -q -p no:cacheprovider tests/unit/engine tests/integration/engine $(PYTHONS_PYTEST_ARGS); \
+	  PYTHONPATH=$(CURDIR)/plugins/module_utils $$venv/bin/python -m pytest -q -p no:cacheprovider $(XDIST) tests/unit/engine tests/integration/engine $(PYTHONS_PYTEST_ARGS); \
 	  ran="$$ran $$v"; \
 	done; \
 	echo "make test-pythons: engine tests passed on:$$ran"
