@@ -41,7 +41,7 @@ from typing import Any
 
 from .hostlock import Lock, LockTimeout
 from .hostlock import lease as _lease
-from .hostlock.core.signals import ENDING
+from .hostlock.core.signals import FORWARDED
 from .hostlock.core.signals import name as signal_name
 from .hostlock.host.pathlock import PathLock
 
@@ -55,9 +55,8 @@ try:  # Linux: let the kernel kill the wrapped module when the runner dies (SIGK
 except (ImportError, OSError):  # no ctypes or no libc symbol table: signals are still forwarded
     pass
 
-# Signals a runner forwards to its child instead of dying: the lock must outlive the work. Every one that would end
-# the runner (hostlock.core.signals, as `hostlock run` forwards them), but SIGPIPE and SIGXFSZ, which Python ignores.
-FORWARDED = tuple(sorted(ENDING - {signal.SIGPIPE, signal.SIGXFSZ}))
+# A runner forwards FORWARDED (every signal that would end it, hostlock.core.signals, as `hostlock run` does) to its
+# child instead of dying: the lock must outlive the work.
 # How often a wait re-checks whether the lock is held by the caller's own run (see `own_holders`) and
 # whether the controller is still there to receive the result (see `controller_gone`).
 SELF_CHECK_EVERY = 1.0

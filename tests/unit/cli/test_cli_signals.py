@@ -55,7 +55,8 @@ def test_names_as_kill_takes_them(sig, name):
 
 def test_run_forwards_and_a_fleet_waiter_traps_the_same_set():
     # Python ignores SIGPIPE and SIGXFSZ for itself: left alone, as before.
-    assert supervise.FORWARDED == signals.ENDING - {signal.SIGPIPE, signal.SIGXFSZ}
+    assert signals.FORWARDED == signals.ENDING - {signal.SIGPIPE, signal.SIGXFSZ}
+    assert supervise.FORWARDED is signals.FORWARDED
     assert set(supervise.WAIT_SIGNALS) == signals.ENDING - {signal.SIGINT}  # SIGINT: KeyboardInterrupt
 
 

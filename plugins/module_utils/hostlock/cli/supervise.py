@@ -42,7 +42,7 @@ import time
 
 from ..core import forks, procstat
 from ..core import oslite as os
-from ..core.signals import ENDING
+from ..core.signals import ENDING, FORWARDED
 from ..core.signals import name as _signame
 from . import common as c
 
@@ -50,10 +50,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable, Mapping
 
-# Every signal that would end hostlock reaches the job instead (core.signals), but the two Python ignores for itself
-# (as flock(1) and a shell leave them to the process they are sent to).
-FORWARDED = ENDING - {_signal.SIGPIPE, _signal.SIGXFSZ}
-_WAITED = FORWARDED | {_signal.SIGCHLD}
+_WAITED = FORWARDED | {_signal.SIGCHLD}  # every signal that would end hostlock reaches the job (core.signals)
 _SI_KERNEL = 0x80  # si_code of a signal the kernel generated, e.g. Ctrl-C on a terminal
 _PR_SET_PDEATHSIG = 1
 DEFAULT_KILL_AFTER = 10.0

@@ -21,6 +21,10 @@ _NOT_ENDING = {_signal.SIGCHLD, _signal.SIGCONT, _signal.SIGURG, _signal.SIGWINC
 _FAULTS = {_signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL, _signal.SIGABRT, _signal.SIGTRAP,
            _signal.SIGSYS}
 ENDING = frozenset(_signal.valid_signals()) - _NOT_ENDING - _FAULTS - {_signal.SIGKILL}
+# What a process that runs a job for us (`hostlock run`'s supervisor, the `locked` module's runner) passes on to
+# it instead of dying: every ending signal but the two Python ignores for itself, as flock(1) and a shell leave
+# them to the process they are sent to.
+FORWARDED = ENDING - {_signal.SIGPIPE, _signal.SIGXFSZ}
 
 _NAMES = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL", "SIGSEGV", "SIGABRT", "SIGPIPE",
           "SIGALRM", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF", "SIGIO",
