@@ -277,13 +277,29 @@ def test_the_password_never_reaches_the_job(members, hl):
     its children cannot read it, in their environment or in /proc/PID/environ."""
     url = "etcd://ops@" + members.auth.endpoint
     env = {"HOSTLOCK_FLEET_PASSWORD": SECRET, "HOSTLOCK_DIR": str(members.tmp)}
-    job = "env; cat /proc/$$/environ | tr '\\0' '\\n'"
+    # The job's own environment, and the block the kernel keeps of hostlock's (its parent's) and the watcher's.
+    job = "env; cat /proc/$$/environ /proc/$PPID/environ | tr '\\0' '\\n'; " \
+          "for p in $(pgrep -P $PPID); do tr '\\0' '\\n' < /proc/$p/environ; done"
     for args in (("run", "--fleet", url, "j", "-c", job), ("cron", "--fleet", url, "--name", "j", "-v", "-c",
                                                            job + "; exit 3"), ("run", "j", "-c", job)):
         r = run(hl, *args, env=env)
         assert r.returncode in (0, 3) and "HOSTLOCK_FLEET_PASSWORD" not in r.stdout + r.stderr, (args, r)
         assert SECRET not in r.stdout + r.stderr, (args, r)
     assert "HOSTLOCK_FENCE=" in run(hl, "run", "--fleet", url, "j", "-c", "env", env=env).stdout
+    # hostlock flock, too, keeps hostlock's credential from its command.
+    r = run(hl, "flock", str(members.tmp / "flock-pw"), "-c", job, env=env)
+    assert r.returncode == 0 and "HOSTLOCK_FLEET_PASSWORD" not in r.stdout and SECRET not in r.stdout, r
+    # The same user as the job cannot find it in hostlock's environment block either (uid 65534's run).
+    nobody = "etcd://ops@" + members.auth.endpoint
+    r = run(hl, "run", "--fleet", nobody, "j", "-c", "cat /proc/$PPID/environ", env=env, user=65534)
+    assert r.returncode == 0 and SECRET not in r.stdout and "HOSTLOCK_FLEET_PASSWORD" not in r.stdout, r
+
+
+def test_a_password_file_without_a_user_in_the_url_is_78(members, hl):
+    """--fleet-password-file beside a URL that names nobody to log in as: a contradiction, never ignored."""
+    pw = password_file(members, "pw-no-user")
+    r = run(hl, "run", "--fleet", "etcd://" + members.plain.endpoint, "--fleet-password-file", pw, "t", "true")
+    assert r.returncode == 78 and "names no user to log in as" in one_line(r) and SECRET not in r.stderr, r
 
 
 def test_a_password_file_is_used_and_its_path_may_be_inherited(members, hl):
@@ -301,7 +317,8 @@ def test_a_password_file_is_used_and_its_path_may_be_inherited(members, hl):
 
 
 @pytest.mark.parametrize("case", ["group-readable", "other-readable", "group-writable", "symlink", "fifo",
-                                  "directory", "another-owner", "empty", "missing"])
+                                  "directory", "another-owner", "empty", "missing", "read-error",
+                                  "in-a-writable-directory", "in-another-users-directory"])
 def test_a_password_file_others_could_read_or_replace_is_refused(case, members, hl):
     name = "bad-" + case
     path = str(members.tmp / name)
@@ -325,6 +342,20 @@ def test_a_password_file_others_could_read_or_replace_is_refused(case, members, 
     elif case == "empty":
         password_file(members, name, text="\n")
         why = "holds no password"
+    elif case == "read-error":
+        path = "/proc/self/mem"  # a regular file of ours, mode 0600, whose read() fails (EIO at offset 0)
+        why = "cannot be read: Input/output error"
+    elif case in ("in-a-writable-directory", "in-another-users-directory"):
+        # A 0600 file of ours, in a directory someone else may write to: they could put their own file there.
+        d = members.tmp / name
+        d.mkdir(mode=0o700)
+        path = password_file(members, name + "/pw")
+        if case == "in-a-writable-directory":
+            os.chmod(str(d), 0o777)
+            why = "is in %s, a directory other users may write (mode 0777)" % d
+        else:
+            os.chown(str(d), 65534, 65534)
+            why = "is in %s, a directory of uid 65534" % d
     else:
         why = "cannot be opened: No such file or directory"
     r = run(hl, "run", "--fleet", "etcd://ops@" + members.auth.endpoint, "--fleet-password-file", path,
@@ -351,19 +382,29 @@ def test_a_password_file_of_another_user_that_is_root_is_accepted_for_them(membe
 
 
 @pytest.mark.parametrize("url", ["etcd://ops:{pw}@{ep}", "etcd://ops:{pw}@{ep}/team", "etcx://ops:{pw}@{ep}",
-                                 "etcd://ops:{pw}@{ep}?cacert=/x", "etcd://ops:{pw}@{ep} x"])
+                                 "etcd://ops:{pw}@{ep}?cacert=/x", "etcd://ops:{pw}@{ep} x",
+                                 "etcd://ops:{pw}?x@{ep}", "etcd://ops:?{pw}@{ep}", "etcd://ops:Pa55@w@rd?{pw}@{ep}",
+                                 "etcds://ops:{pw}#?@{ep}", "etcd://ops%3A{pw}@{ep}", "etcd://{ep},ops:{pw}@{ep}"])
 def test_a_password_in_the_url_is_refused_and_never_repeated(url, members, hl):
     url = url.format(pw=SECRET, ep=members.auth.endpoint)
     for args in (("run", "--fleet", url, "t", "true"), ("run", "--fleet", url, "--dir", "/tmp", "t", "true"),
                  ("status", "--fleet", url, "t"), ("cron", "--fleet", url, "--", "true")):
         r = run(hl, *args)
         line = one_line(r)
-        assert r.returncode == 64 and "ops:***@" in line, (args, r)
-        assert SECRET not in line and "Pa55" not in line and "w@rd" not in line, (args, line)
+        assert r.returncode == 64 and "***@" in line, (args, r)
+        for part in (SECRET, "s3cret", "Pa55", "w@rd"):
+            assert part not in r.stderr + r.stdout, (args, part, r)
 
 
 def test_mask():
-    assert _fleet.mask("etcd://ops:%s@h:1,h:2/p?cacert=/a@b" % SECRET) == "etcd://ops:***@h:1,h:2/p?cacert=/a@b"
+    # The last '@' of the whole URL: a password may hold '?', '/', '#' or '@' (a path after it is hidden too).
+    assert _fleet.mask("etcd://ops:%s@h:1,h:2/p?cacert=/a@b" % SECRET) == "etcd://ops:***@b"
+    assert _fleet.mask("etcd://ops:%s@h:1,h:2/p?cacert=/a" % SECRET) == "etcd://ops:***@h:1,h:2/p?cacert=/a"
+    assert _fleet.mask("etcd://ops:Se?cr@h:1") == "etcd://ops:***@h:1"
+    assert _fleet.mask("etcd://ops:?Secr@h:1") == "etcd://ops:***@h:1"
+    assert _fleet.mask("etcd://ops:pa@ss?wo#rd@h:1") == "etcd://ops:***@h:1"
+    assert _fleet.mask("etcds://ops%3aSecr@h:1") == "etcds://ops%3A***@h:1"
+    assert _fleet.mask("h:1,ops:pw@h:2") == "h:***@h:2"
     assert _fleet.mask("etcd://ops@h:1") == "etcd://ops@h:1"
     # A prefix with '@' after a port could be a password with '/' in it: hidden too (messages only).
     assert _fleet.mask("etcd://h:1/p@x") == "etcd://h:***@x"
@@ -467,6 +508,73 @@ class _Banner:
 
     def close(self) -> None:
         self.listener.close()
+
+
+class _Echo:
+    """An HTTP service that is not etcd and repeats each request it gets (its head, with the Authorization
+    token, and its body, with a password) in its error page, as debugging proxies do: HTTP `status`."""
+
+    def __init__(self, status: int) -> None:
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.status = status
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _peer = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(65536)
+                    if not more:
+                        break
+                    data += more
+                head, _sep, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    more = conn.recv(65536)
+                    if not more:
+                        break
+                    body += more
+                page = b"could not handle request: " + head + b" " + body
+                conn.sendall(b"HTTP/1.1 %d Oops\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                             b"Connection: close\r\n\r\n%s" % (self.status, len(page), page))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.mark.parametrize("status", [400, 401, 502])
+def test_a_service_that_echoes_the_request_never_gets_the_password_repeated(status, members, hl):
+    """A member that answers HTTP with something other than etcd's JSON, repeating our request in it: its page
+    is never repeated (the password of the login, the token of the header). A 4xx is a mistake in the URL
+    (78 at once, naming the member, even with a healthy member after it); a 5xx a proxy's passing trouble:
+    the next member is asked, and when none answers the wait ends with 76."""
+    pw = password_file(members, "pw-echo-%d" % status)
+    echo = _Echo(status)
+    try:
+        url = "etcd://ops@%s,%s" % (echo.endpoint, members.auth.endpoint)
+        r = run(hl, "run", "--fleet", url, "--fleet-password-file", pw, "-w", "30s", "t", "true")
+        if status < 500:
+            line = one_line(r)
+            assert r.returncode == 78, r
+            assert "member %s has no etcd v3 gateway (HTTP %d for /v3/auth/authenticate" % (echo.endpoint,
+                                                                                           status) in line, r
+        else:
+            assert r.returncode == 0, r  # the second member served it
+            r = run(hl, "run", "--fleet", "etcd://ops@" + echo.endpoint, "--fleet-password-file", pw, "-w", "1s",
+                    "t", "true")
+            assert r.returncode == 76 and "HTTP 502, not etcd's JSON" in one_line(r), r
+        assert SECRET not in r.stderr + r.stdout and "password" not in r.stderr.replace("--fleet-password", ""), r
+    finally:
+        echo.close()
 
 
 def test_a_port_that_is_not_etcds_client_port_is_78_naming_it(members, hl):

@@ -410,6 +410,16 @@ def main_flock(args: list[str]) -> int:
             fd, flags = open_file(o.filename, flags)
         else:
             fd, flags = o.fd, 0
+        if o.command and os.environ.get("HOSTLOCK_FLEET_PASSWORD") is not None:
+            # hostlock's own credential: run and cron keep it from their jobs, and so does flock.
+            from ..core.errors import FleetConfigError
+            from ..fleet.url import take_credentials
+
+            try:
+                take_credentials()
+            except FleetConfigError as e:
+                warn(str(e))
+                return c.EX_OSERR
         fd = take_lock(o, fd, flags)
         if not o.command:
             return 0  # the FD form: the lock stays with the caller's descriptor

@@ -259,9 +259,10 @@ class Client:
         try:
             body = loads(data.decode("utf-8")) if data else {}
         except ValueError:
-            # Not the gateway's JSON: a proxy's error page (5xx: ask again), or not etcd's v3 API at all.
-            body = {"error": data[:200].decode("utf-8", "replace"), "code": 14 if status >= 500 else 2,
-                    "raw": True}
+            # Not the gateway's JSON: a proxy's error page (5xx: ask again), or not etcd's v3 API at all (4xx:
+            # a mistake, see _not_etcd). Its text is never repeated: a service that echoes the request would
+            # put the password of auth/authenticate, or the token of the Authorization header, in a message.
+            body = {"error": "HTTP %d, not etcd's JSON" % status, "code": 14 if status >= 500 else 2, "raw": True}
         return status, body if isinstance(body, dict) else {}
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
@@ -297,11 +298,8 @@ class Client:
                         self._next = i
                         return reply
                     message = _message(reply) or "HTTP %d" % status
-                    if status == 404 and reply.get("raw"):
-                        raise FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP 404 for /v3/%s): "
-                                               "is that etcd's client port (2379 by default, not the peer port "
-                                               "2380), etcd 3.4 or later?" % (self.url.members,
-                                                                              _member(self.endpoints[i]), path))
+                    if reply.get("raw") and status < 500:
+                        raise self._not_etcd(i, status, path)
                     if status == 503 or code in _RETRY_CODES:
                         raise _Retry(message)
                     if code in _AUTH_CODES or status == 401 or "user name is empty" in message:
@@ -435,6 +433,13 @@ class Client:
             return None, True
         return reply, close
 
+    def _not_etcd(self, i: int, status: int, path: str) -> FleetConfigError:
+        """A member that answers HTTP, but not as etcd's v3 gateway does (HTTP 4xx, no JSON): another service,
+        the peer port, etcd before 3.4. A mistake in the URL, never retried; its answer is not repeated."""
+        return FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP %d for /v3/%s, not etcd's "
+                                "JSON): is that etcd's client port (2379 by default, not the peer port 2380), "
+                                "etcd 3.4 or later?" % (self.url.members, _member(self.endpoints[i]), status, path))
+
     def _unavailable(self, why: str) -> FleetUnavailable:
         return FleetUnavailable("fleet %s: %s" % (self.url.members, why), endpoints=self.url.members)
 
@@ -454,6 +459,8 @@ class Client:
         message = _message(reply) or "HTTP %d" % status
         if status == 503 or _code(reply) in _RETRY_CODES:
             raise _Retry(message)
+        if reply.get("raw"):
+            raise self._not_etcd(i, status, "auth/authenticate")
         raise self._unavailable("etcd refused user %r (%s)" % (self.url.user, message))
 
 

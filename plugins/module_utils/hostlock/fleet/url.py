@@ -21,7 +21,7 @@ from ..core.errors import FleetConfigError, InvalidFleetURL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Mapping
+    from typing import Callable, Mapping
 
 
 DEFAULT_PORT = 2379
@@ -73,14 +73,22 @@ def _bad(url: str, why: str) -> InvalidFleetURL:
 
 
 def mask(url: str) -> str:
-    """`url` with whatever stands between 'user:' and the last '@' of its members replaced by '***': a
-    password put in a URL by mistake is never repeated in a message (cron mail, logs)."""
+    """`url` with whatever stands between 'user:' (or 'user%3A') and the last '@' replaced by '***': a password
+    put in a URL by mistake is never repeated in a message (cron mail, logs), whatever it holds ('?', '/',
+    '@', '#'...). The last '@' of the whole URL, not of its members: a password may hold any of the characters
+    that end a member, so a valid URL with an '@' after a port ('h:1/p@x', '?cacert=/a@b') is hidden from
+    that port on too (messages only)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
-    head = rest.partition("?")[0]
-    at = head.rfind("@")
-    colon = head.find(":", 0, at) if at > 0 else -1
+    at = rest.rfind("@")
+    if at <= 0:
+        return url
+    head = rest[:at]
+    colon = head.find(":")
+    encoded = head.lower().find("%3a")  # 'user%3Apassword': a colon, percent-encoded
+    if encoded >= 0 and (colon < 0 or encoded < colon):
+        return scheme + sep + rest[:encoded] + "%3A***" + rest[at:]
     if colon < 0:
         return url
     return scheme + sep + rest[:colon + 1] + "***" + rest[at:]
@@ -88,13 +96,50 @@ def mask(url: str) -> str:
 
 def take_credentials(password_file: str | None = None) -> None:
     """The command line's: move $HOSTLOCK_FLEET_PASSWORD out of the environment into this process's memory,
-    so that no job, hook or child inherits it (the password file's path is not secret and stays);
-    `password_file` (--fleet-password-file) is used before either variable."""
+    so that no job, hook or child inherits it, nor reads it in hostlock's own /proc/PID/environ (the password
+    file's path is not secret and stays); `password_file` (--fleet-password-file) is used before either
+    variable. FleetConfigError when the variable cannot be blanked there: the work stops, never runs with the
+    password readable by its job."""
     secret = os.popenv(PASSWORD_ENV)  # also unsetenv()s it for children
     if secret is not None:
         _TAKEN["password"] = secret
+        try:
+            _blank_initial(os.fsencode(PASSWORD_ENV) + b"=")
+        except (OSError, ValueError) as e:
+            raise FleetConfigError("$%s cannot be blanked in this process's environment block, where its job "
+                                   "could read it (/proc/self/mem: %s): give --fleet-password-file FILE instead"
+                                   % (PASSWORD_ENV, getattr(e, "strerror", None) or e)) from None
     if password_file is not None:
         _TAKEN["file"] = password_file
+
+
+def _blank_initial(prefix: bytes) -> None:
+    """Overwrite with NULs every entry of this process's initial environment block that starts with `prefix`
+    ('NAME='). unsetenv() only drops the C library's pointer to it: the kernel shows the block the process
+    started with in /proc/PID/environ for its whole life (to the same user, so to any job it runs, and to
+    root), and every process forked from it shares those bytes. Written through /proc/self/mem (the block's
+    bounds: fields 50 and 51 of /proc/self/stat, Linux 3.5); checked by reading it back."""
+    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    fields = data[data.rindex(b")") + 2:].split()
+    if len(fields) < 49:
+        raise ValueError("no environment bounds in /proc/self/stat")
+    start, end = int(fields[47]), int(fields[48])
+    fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        block = os.pread(fd, end - start, start)
+        at = 0
+        for entry in block.split(b"\0"):
+            if entry.startswith(prefix) and os.pwrite(fd, b"\0" * len(entry), start + at) != len(entry):
+                raise ValueError("short write")
+            at += len(entry) + 1
+        if any(entry.startswith(prefix) for entry in os.pread(fd, end - start, start).split(b"\0")):
+            raise ValueError("still there after the write")
+    finally:
+        os.close(fd)
 
 
 def password_of(env: Mapping[str, str] | None = None) -> str | None:
@@ -142,7 +187,11 @@ def read_password_file(path: str, source: str) -> str:
         if st.st_mode & 0o077:
             raise bad("may be read or written by other users (mode %04o): chmod 600 it, as ssh wants of a "
                       "key" % stat.S_IMODE(st.st_mode))
-        data = os.read(fd, _PASSWORD_MAX + 1)
+        _no_one_else_can_swap(fd, bad)
+        try:
+            data = os.read(fd, _PASSWORD_MAX + 1)
+        except OSError as e:
+            raise bad("cannot be read: %s" % (e.strerror or e)) from None
     finally:
         os.close(fd)
     if len(data) > _PASSWORD_MAX:
@@ -154,6 +203,35 @@ def read_password_file(path: str, source: str) -> str:
     if not text:
         raise bad("holds no password (its first line is empty)")
     return text
+
+
+def _no_one_else_can_swap(fd: int, bad: Callable[[str], FleetConfigError]) -> None:
+    """Refuse a password file whose directory, or a directory above it, another user owns or may write
+    (unless sticky, as /tmp is): they could put their own file in its place, as ssh's StrictModes reasons.
+    The directories of the file as opened (/proc/self/fd), so no symlink on the way is walked twice."""
+    import os as _os
+    import stat
+
+    euid = os.geteuid()
+    try:
+        path = _os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return  # no /proc: the file's own checks stand (its owner, its mode, no symlink)
+    if not path.startswith("/"):
+        return  # not a path in this file system view (e.g. a deleted file)
+    d = path
+    while d != "/":
+        d = d.rsplit("/", 1)[0] or "/"
+        try:
+            st = _os.stat(d)
+        except OSError:
+            return
+        if st.st_uid not in (euid, 0):
+            raise bad("is in %s, a directory of uid %d, who could replace the file: keep it in a directory of "
+                      "yours or root's" % (d, st.st_uid))
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise bad("is in %s, a directory other users may write (mode %04o), who could replace the file: "
+                      "chmod go-w it" % (d, stat.S_IMODE(st.st_mode)))
 
 
 def parse(url: object, environ: dict | None = None) -> FleetURL:
@@ -181,7 +259,7 @@ def _parse(url: object, environ: dict | None) -> FleetURL:
     user = None
     if "@" in hosts:
         user, _at, hosts = hosts.rpartition("@")
-        if ":" in user:
+        if ":" in user or "%3a" in user.lower():
             raise _bad(url, "never put a password in the URL: use --fleet-password-file FILE or $%s"
                        % PASSWORD_FILE_ENV)
         if not user:
@@ -209,6 +287,9 @@ def _parse(url: object, environ: dict | None) -> FleetURL:
             raise _bad(url, "cacert=, cert= and key= need TLS: use etcds://")
         if ("cert" in files) != ("key" in files):
             raise _bad(url, "a client certificate needs both cert= and key=")
+    if user is None and "file" in _TAKEN:
+        raise FleetConfigError("--fleet-password-file %s is given, but the fleet URL %s names no user to log in as "
+                               "(etcd://USER@host)" % (_TAKEN["file"], mask(url)))
     password = password_of(environ) if user else None
     return FleetURL(scheme, endpoints, prefix, files.get("cacert"), files.get("cert"), files.get("key"), user,
                     password, url)
