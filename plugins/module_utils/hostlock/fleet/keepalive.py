@@ -16,7 +16,7 @@ from ..core.clock import boottime
 from ..core.errors import FleetUnavailable
 from .b64 import b64
 from .etcd import ATTEMPT, EtcdError, monotonic
-from .watch import open_watch
+from .watch import CHECK_ATTEMPT, CHECK_EVERY, check_deadline, open_watch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,6 +46,7 @@ def upkeep(session: Any, interval: float, watch_delay: float) -> None:
     claim's key watched `watch_delay` after it was made (Claim.watch_key), each deferred record written when due."""
     next_ka = session.ok_at + interval
     watches: dict = {}  # claim -> the Watch on its key
+    check_at = boottime() + CHECK_EVERY  # when the watches are checked next (_check_watches)
     try:
         while True:
             with session._mutex:
@@ -72,7 +73,13 @@ def upkeep(session: Any, interval: float, watch_delay: float) -> None:
                 continue
             for claim in [c for c in watches if c not in claims or c._lost]:
                 watches.pop(claim).close()  # released, or lost by its own key: nothing more to watch
+            if watches and now >= check_at:
+                _check_watches(session, watches, next_ka)
+                check_at = boottime() + CHECK_EVERY
+                continue
             wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
+            if watches:
+                wake_at = min(wake_at, check_at)
             if session.orphans and not _delete_orphans(session, next_ka):
                 wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
             for claim in claims:
@@ -113,6 +120,31 @@ def upkeep(session: Any, interval: float, watch_delay: float) -> None:
     finally:
         for w in watches.values():
             w.close()
+
+
+def _check_watches(session: Any, watches: dict, next_ka: float) -> None:
+    """Check the key watches, which say nothing while the key stays ours (fleet/watch.py, CHECK_EVERY): read
+    each key through the client, each member getting CHECK_ATTEMPT (never past the next keep-alive). A watch
+    whose member did not answer is closed, to be reopened where the read was answered (reading the key
+    first); a key the read shows gone or moved is that claim's loss. The keep-alives alone would move the
+    watches only every TTL/3: a holder would learn of its key's deletion (a `break --force`) that late, while
+    the next holder ran. Nobody answering: the lease's clock decides; the streams are kept meanwhile."""
+    client = session.client
+    deadline = min(check_deadline(client), monotonic() + max(0.05, next_ka - boottime()))
+    for claim, w in list(watches.items()):
+        key = claim.key
+        try:
+            reply = client.call("kv/range", {"key": b64(key), "keys_only": True}, deadline, min_try=0.0,
+                                attempt=CHECK_ATTEMPT)
+        except (FleetUnavailable, EtcdError):
+            return
+        kvs = reply.get("kvs") or []
+        if client.answering != w.i or not kvs or int(kvs[0].get("lease") or 0) != session.lease:
+            watches.pop(claim).close()
+            if not kvs:
+                claim.key_deleted()
+            elif int(kvs[0].get("lease") or 0) != session.lease:
+                _moved(claim, key)
 
 
 def _moved(claim: Any, key: bytes) -> None:

@@ -56,6 +56,13 @@ if TYPE_CHECKING:  # pragma: no cover
 KEY_WATCH_DELAY = 0.1
 
 
+# How long a release (or a waiter that leaves) tries to revoke its lease, and how long each member gets: an
+# election after a hung leader takes a second or two; etcd down altogether costs the release this long, after
+# which the lease expires by itself (within the TTL).
+REVOKE_WITHIN = 5.0
+REVOKE_ATTEMPT = 1.0
+
+
 def _margin(ttl: float) -> float:
     """Declare the lease lost this long before etcd could: scheduling delays, clock-rate differences."""
     return min(1.0, ttl * 0.1)
@@ -65,9 +72,10 @@ class _LostPlace(Exception):
     """A waiter lost its place before it held (its lease or key gone): queue again while time remains,
     else raise `error`."""
 
-    def __init__(self, error: HostlockError) -> None:
+    def __init__(self, error: HostlockError, unreachable: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
+        self.unreachable = unreachable  # lost because etcd did not answer for the lease's whole TTL
 
 
 class EtcdHeld:
@@ -469,7 +477,9 @@ class EtcdLocker:
             try:
                 return self._attempt(mode, deadline, record, meanwhile)
             except _LostPlace as e:
-                if deadline is not None and monotonic() >= deadline:
+                # Without a deadline the wait ends once etcd has been unreachable for a TTL (_net_deadline):
+                # a lease lost that way is that TTL, not a reason to queue again and wait one more.
+                if (deadline is None and e.unreachable) or (deadline is not None and monotonic() >= deadline):
                     raise e.error from None
 
     def _attempt(self, mode: str, deadline: float | None, record: Builder,
@@ -594,12 +604,18 @@ class EtcdLocker:
     def _gone(self, session: Claim, what: str) -> _LostPlace:
         why = session.why or "our key was deleted"
         if session.unavailable:
-            return _LostPlace(FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members))
+            return _LostPlace(FleetUnavailable("%s: %s" % (what, why), endpoints=self.backend.url.members),
+                              unreachable=True)
         return _LostPlace(LockLost("%s: %s" % (what, why)))
 
     def _revoke(self, lease: int) -> None:
+        """Revoke our lease, each member asked for REVOKE_ATTEMPT in turn, for REVOKE_WITHIN: a follower whose
+        leader hangs holds a forwarded request some 6 s, while the others elect a new leader within a second
+        or two. With one long attempt the revoke was dropped, and the next holder waited for the lease's whole
+        TTL. A revoke abandoned on one member and done on another is harmless: the second finds no lease."""
         try:
-            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic())
+            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic() + REVOKE_WITHIN,
+                             attempt=REVOKE_ATTEMPT)
         except EtcdError:
             pass  # already gone
         except FleetUnavailable:

@@ -9,7 +9,7 @@ from ..core.errors import FleetUnavailable
 from .b64 import b64, unb64
 from .etcd import EtcdError, monotonic, prefix_end
 from .queue import blockers, waits_on
-from .watch import open_watch
+from .watch import CHECK_ATTEMPT, CHECK_EVERY, check_deadline, open_watch
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,10 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
         def _net_deadline(self, deadline: float | None) -> float: ...
 
         def _gone(self, session: Any, what: str) -> Exception: ...
-
-
-CHECK_EVERY = 2.0  # a waiter's watch silent this long is checked (a read through a member that answers)
-CHECK_ATTEMPT = 1.0  # how long that read waits for one member before asking the next
 
 
 def rewrite(client: Client, key: bytes, fence: int) -> None:
@@ -140,11 +136,12 @@ def _stream_ok(locker: EtcdLocker, w: Watch, target: Entry | None, rewritten: bo
     """Whether the watch `w` can be trusted on: its member answered a read now, and the read shows no change
     the stream has not reported (a key gone; for a target watched for its rewrite, that it holds, or that we
     do: a rewrite missed because its writer was killed first, or etcd did not take it, is found here). A
-    member that does not answer within CHECK_ATTEMPT is skipped for the next, so the read comes from a
-    member that answers; the next watch opens there."""
+    member that does not answer within CHECK_ATTEMPT is skipped for the next (each member gets its attempt:
+    the first asked is often the stream's own), so the read comes from a member that answers; the next watch
+    opens there."""
     try:
         reply = locker.client.call("kv/range", _keys(locker, None if target is None or rewritten else target),
-                                   monotonic() + CHECK_ATTEMPT, min_try=0.0, attempt=CHECK_ATTEMPT)
+                                   check_deadline(locker.client), min_try=0.0, attempt=CHECK_ATTEMPT)
     except (FleetUnavailable, EtcdError):
         return True  # nobody answers: the lease's clock decides (the session), keep the stream meanwhile
     if locker.client.answering != w.i:

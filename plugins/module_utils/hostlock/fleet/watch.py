@@ -28,6 +28,19 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     import socket
 
+# A watch that has said nothing this long is checked, by a waiter (fleet/waiting.py) and a holder's keep-alive
+# thread (fleet/keepalive.py) alike: a read through the client, which gives each member CHECK_ATTEMPT before
+# it asks the next (every member in turn: the watch's own, which may hang, is often the one asked first). An
+# answer from another member than the watch's, or a change the stream did not report, means a new watch where
+# the read was answered. So a member that hangs or a link that black-holes costs seconds, whatever the TTL.
+CHECK_EVERY = 2.0
+CHECK_ATTEMPT = 1.0
+
+
+def check_deadline(client: Client) -> float:
+    """The deadline of a silent watch's check: CHECK_ATTEMPT for each member, so that one answers if any can."""
+    return monotonic() + CHECK_ATTEMPT * len(client.endpoints)
+
 
 def open_watch(client: Client, key: bytes, range_end: bytes | None, start_revision: int, deadline: float,
                filters: tuple = ("NOPUT",), wake: tuple = (), min_try: float = MIN_TRY) -> Watch:
