@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import cli_install
@@ -215,6 +216,21 @@ def test_a_missing_tls_file_is_78_naming_it(which, members, hl):
     r = run(hl, "run", "--fleet", url, "-w", "30s", "t", "true")
     assert r.returncode == 78, r
     assert "cannot read %s file %s: No such file or directory" % (which, files[which]) in one_line(r)
+
+
+@pytest.mark.parametrize("which", ["cacert", "cert", "key"])
+def test_a_fifo_as_a_tls_file_is_78_at_once(which, members, hl):
+    """A FIFO (or a device) where a TLS file should be: an open() that blocks would hang every command for
+    good, whatever -n or -w say; it is opened without blocking and refused as not a regular file."""
+    files = {"cacert": members.pki["ca.pem"], "cert": members.pki["client.pem"], "key": members.pki["client.key"]}
+    files[which] = str(members.tmp / ("fifo-" + which))
+    os.mkfifo(files[which], 0o600)
+    url = "etcds://%s?%s" % (members.tls.endpoint, "&".join("%s=%s" % kv for kv in files.items()))
+    for args in (("run", "--fleet", url, "-n", "t", "true"), ("run", "--fleet", url, "-w", "30s", "t", "true"),
+                 ("status", "--fleet", url, "t"), ("hold", "--fleet", url, "--lease", "1m", "t")):
+        r = run(hl, *args)
+        assert r.returncode == 78, (args, r)
+        assert "%s file %s is not a regular file" % (which, files[which]) in one_line(r), (args, r)
 
 
 def test_an_unreadable_key_and_a_file_that_is_not_pem_are_78_naming_them(members, hl):
@@ -514,7 +530,8 @@ class _Echo:
     """An HTTP service that is not etcd and repeats each request it gets (its head, with the Authorization
     token, and its body, with a password) in its error page, as debugging proxies do: HTTP `status`."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, body: bytes | None = None) -> None:
+        self.body = body  # sent instead of the echo, when given
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
@@ -543,7 +560,7 @@ class _Echo:
                     if not more:
                         break
                     body += more
-                page = b"could not handle request: " + head + b" " + body
+                page = b"could not handle request: " + head + b" " + body if self.body is None else self.body
                 conn.sendall(b"HTTP/1.1 %d Oops\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
                              b"Connection: close\r\n\r\n%s" % (self.status, len(page), page))
 
@@ -575,6 +592,42 @@ def test_a_service_that_echoes_the_request_never_gets_the_password_repeated(stat
         assert SECRET not in r.stderr + r.stdout and "password" not in r.stderr.replace("--fleet-password", ""), r
     finally:
         echo.close()
+
+
+@pytest.mark.parametrize("command", ["run", "status", "list", "break"])
+def test_json_that_is_not_etcds_is_78_and_a_refusal_is_76_for_every_command(command, hl):
+    """A service answering HTTP 200 with JSON that is not etcd's (no header) is not a fleet: 78, naming the
+    member, never `no locks` (a false success) nor a KeyError's text. etcd's own refusal of a request
+    (HTTP 400, {"code": 3}) is 76 for every command, as docs/cli.md says, not 65."""
+    args = {"run": ("run", "--fleet", "{url}", "-w", "10s", "t", "true"), "status": ("status", "--fleet", "{url}"),
+            "list": ("list", "--fleet", "{url}"), "break": ("break", "--fleet", "{url}", "--force", "t")}[command]
+    for status, body, code in ((200, b'{"ID": "1", "TTL": "10"}', 78),
+                               (400, b'{"error": "bad request", "code": 3, "message": "bad request"}', 76)):
+        fake = _Echo(status, body)
+        try:
+            r = run(hl, *(a.format(url="etcd://" + fake.endpoint) for a in args))
+            assert r.returncode == code, (status, r)
+            line = one_line(r)
+            if code == 78:
+                assert "member %s has no etcd v3 gateway (HTTP 200" % fake.endpoint in line, r
+            assert "Traceback" not in r.stderr and "no locks" not in r.stdout, r
+        finally:
+            fake.close()
+
+
+def test_nothing_listening_gives_up_within_the_wait(hl):
+    """Every member refuses connections: the wait is tried out, then no cleanup waits on etcd (a revoke of a
+    lease that no member could have granted): 76 as the wait ends, not seconds after it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = "127.0.0.1:%d" % s.getsockname()[1]
+    for wait, bound in (("-n", 2.0), ("3s", 3.0)):
+        began = time.monotonic()
+        r = run(hl, "run", "--fleet", "etcd://" + closed, *(["-n"] if wait == "-n" else ["-w", wait]), "t", "true")
+        took = time.monotonic() - began
+        assert r.returncode == 76 and "Connection refused" in one_line(r), r
+        # The wait (MIN_TRY: 2 s for -n), plus a start-up's slack for a loaded machine; the cleanup added 5 s.
+        assert took < bound + 2.5, "gave up %.1f s after its start, with %s" % (took, wait)
 
 
 def test_a_port_that_is_not_etcds_client_port_is_78_naming_it(members, hl):

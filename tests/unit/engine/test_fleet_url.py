@@ -22,6 +22,8 @@ from hostlock.fleet import url as _fleet
     ("etcd://h1/a/b", [("h1", 2379)], "a/b/"),
     ("etcd://[::1]:2400", [("::1", 2400)], "hostlock/"),
     ("etcd://[fe80::1]", [("fe80::1", 2379)], "hostlock/"),
+    ("etcd://[fe80::1%eth0]:2379", [("fe80::1%eth0", 2379)], "hostlock/"),
+    ("etcd://etcd-1.example.com.:2379", [("etcd-1.example.com.", 2379)], "hostlock/"),
 ])
 def test_members_and_prefix(url, endpoints, prefix):
     u = _fleet.parse(url, environ={})
@@ -57,6 +59,16 @@ def test_tls_options_and_user_password_from_the_environment_only():
     ("etcd://h1:x", "port"),
     ("etcd://h1:1:2", "malformed"),
     ("etcd://[::1", "IPv6"),
+    ("etcd://[\u00e9]:2379", "not an IPv6 address"),
+    ("etcd://[zz]:2379", "not an IPv6 address"),
+    ("etcd://h1:", "port ''"),
+    ("etcds://a..b:2379", "empty or over-long label"),
+    ("etcd://.a:2379", "empty or over-long label"),
+    ("etcd://%s:2379" % ("a" * 64), "empty or over-long label"),
+    ("etcd://%s:2379" % ".".join(["a" * 60] * 5), "empty or over-long label"),
+    ("etcds://h1?cacert=%00", "NUL byte"),
+    ("etcd://h1,etcds://h2", "one scheme for the whole URL"),
+    ("etcd://ops%3Apw@h1", "password"),
     ("etcd://h 1", "spaces"),
     ("etcd://h1\n", "control"),
     ("etcd://ops:pw@h1", "password"),

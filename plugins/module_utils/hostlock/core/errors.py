@@ -81,6 +81,11 @@ class FleetUnavailable(HostlockError):
         self.endpoints = endpoints
 
 
+class FleetRefused(HostlockError):
+    """The fleet's store answered, and refused a request hostlock does not expect it to refuse (its reason
+    in the message): CLI exit 76, as for a store that cannot be used (fleet.etcd.EtcdError is one)."""
+
+
 class LockLost(HostlockError):
     """A fleet lock this process held is gone (its lease expired or was revoked, or its key was deleted):
     whatever it protected may already be done by someone else. Stop acting on it."""
@@ -123,7 +128,7 @@ def error_exit_code(exc: BaseException) -> int:
         return EX_USAGE
     if isinstance(exc, FleetConfigError):
         return EX_CONFIG
-    if isinstance(exc, FleetUnavailable):
+    if isinstance(exc, (FleetUnavailable, FleetRefused)):
         return EX_FLEET
     if isinstance(exc, LockLost):
         return EX_LOST

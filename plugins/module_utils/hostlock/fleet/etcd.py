@@ -25,7 +25,7 @@ import sys
 import time
 
 from ..core.clock import boottime
-from ..core.errors import FleetConfigError, FleetUnavailable, HostlockError
+from ..core.errors import FleetConfigError, FleetRefused, FleetUnavailable
 from .wirejson import dumps, loads
 
 TYPE_CHECKING = False
@@ -57,7 +57,7 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
-class EtcdError(HostlockError):
+class EtcdError(FleetRefused):
     """etcd answered, and refused the request (not found, compare failed, bad request); `code` is gRPC's."""
 
     def __init__(self, message: str, *, code: int = 0, path: str | None = None,
@@ -266,14 +266,15 @@ class Client:
         return status, body if isinstance(body, dict) else {}
 
     def call(self, path: str, body: dict, deadline: float, min_try: float = MIN_TRY, attempt: float = ATTEMPT,
-             sent: list | None = None, meanwhile: Meanwhile | None = None) -> dict:
+             sent: list | None = None, meanwhile: Meanwhile | None = None, refused_ends: bool = False) -> dict:
         """POST `body` to /v3/`path`; the reply as a dict. FleetUnavailable when no member serves it by the
         deadline (at least `min_try` from now); EtcdError when etcd answers with a refusal. One member gets
         at most `attempt` seconds before the next is asked. `sent[0]` is set to the boottime() at which the
         attempt that succeeded was sent (a lease's TTL runs from after that moment). `meanwhile()` is called
         once a request is sent, before its answer is read (on each attempt: the caller makes it run once),
         so that the caller's own work overlaps etcd's. It may not raise an Exception (an OSError would pass
-        for the member's)."""
+        for the member's). `refused_ends`: give up as soon as every member refused the connection in one round
+        (no etcd process listens anywhere: nothing to wait for, e.g. a revoke of a lease nobody renews)."""
         payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
@@ -281,7 +282,7 @@ class Client:
         authed = False
         while True:
             n = len(self.endpoints)
-            transient = 0
+            transient = refused = 0
             for k in range(n):
                 i = (self._next + k) % n
                 left = deadline - monotonic()
@@ -295,6 +296,9 @@ class Client:
                     status, reply = self._post(i, "/v3/" + path, payload, min(left, attempt), meanwhile)
                     code = _code(reply)
                     if status == 200 and code is None:
+                        if "header" not in reply and "result" not in reply:
+                            # JSON, but not etcd's (every answer of its gateway has a header): another service.
+                            raise self._not_etcd(i, status, path, "JSON without etcd's header")
                         self._next = i
                         return reply
                     message = _message(reply) or "HTTP %d" % status
@@ -316,9 +320,10 @@ class Client:
                     last = "%s: %s" % (_member(self.endpoints[i]), e)
                 except OSError as e:
                     transient += not _permanent(e)
+                    refused += isinstance(e, ConnectionRefusedError)
                     last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
             left = deadline - monotonic()
-            if left <= 0 or not transient:
+            if left <= 0 or not transient or (refused_ends and refused == n):
                 raise self._unavailable("etcd unreachable (%s)" % last)
             time.sleep(min(delay, left))  # every member failed just now: back off before the next round
             delay = min(delay * 2, 0.5)
@@ -429,16 +434,17 @@ class Client:
             reply = loads(data.decode("utf-8")) if data else {}
         except ValueError:
             return None, True
-        if status != 200 or not isinstance(reply, dict) or _code(reply) is not None:
+        if status != 200 or not isinstance(reply, dict) or _code(reply) is not None or "header" not in reply:
             return None, True
         return reply, close
 
-    def _not_etcd(self, i: int, status: int, path: str) -> FleetConfigError:
-        """A member that answers HTTP, but not as etcd's v3 gateway does (HTTP 4xx, no JSON): another service,
-        the peer port, etcd before 3.4. A mistake in the URL, never retried; its answer is not repeated."""
-        return FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP %d for /v3/%s, not etcd's "
-                                "JSON): is that etcd's client port (2379 by default, not the peer port 2380), "
-                                "etcd 3.4 or later?" % (self.url.members, _member(self.endpoints[i]), status, path))
+    def _not_etcd(self, i: int, status: int, path: str, what: str = "not etcd's JSON") -> FleetConfigError:
+        """A member that answers HTTP, but not as etcd's v3 gateway does (HTTP 4xx, no JSON; JSON without
+        etcd's header): another service, the peer port, etcd before 3.4. A mistake in the URL, never retried;
+        its answer is not repeated."""
+        return FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP %d for /v3/%s, %s): is that "
+                                "etcd's client port (2379 by default, not the peer port 2380), etcd 3.4 or later?"
+                                % (self.url.members, _member(self.endpoints[i]), status, path, what))
 
     def _unavailable(self, why: str) -> FleetUnavailable:
         return FleetUnavailable("fleet %s: %s" % (self.url.members, why), endpoints=self.url.members)
@@ -641,9 +647,16 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
     if sys.modules.get("ssl") is not None:
         import socket
 
-        return socket.create_connection((host, port), timeout=timeout)
+        try:
+            return socket.create_connection((host, port), timeout=timeout)
+        except UnicodeError:  # idna: an empty or over-long label (the URL's parser refuses those first)
+            raise FleetConfigError("fleet member %r: not a valid host name" % host) from None
     err: OSError | None = None
-    found = _socket.getaddrinfo(host.encode("ascii"), port, 0, _socket.SOCK_STREAM)
+    try:
+        name = host.encode("ascii")
+    except UnicodeError:  # the URL's parser lets none through: a Lock given endpoints some other way
+        raise FleetConfigError("fleet member %r: a host name must be ASCII" % host) from None
+    found = _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM)
     for family, kind, proto, _name, address in found:
         sock = _socket.socket(family, kind, proto)
         try:
@@ -657,12 +670,22 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
 
 
 def _readable(what: str, path: str) -> None:
-    """FleetConfigError naming the file when `path` (a TLS file of the URL) cannot be read."""
+    """FleetConfigError naming the file when `path` (a TLS file of the URL) is not a regular file we can read.
+    Opened without blocking: a FIFO there would hang the command forever (no deadline covers an open)."""
+    import stat
+
+    from ..core import oslite as os
+
     try:
-        with open(path, "rb"):
-            pass
-    except OSError as e:
-        raise FleetConfigError("fleet TLS: cannot read %s file %s: %s" % (what, path, e.strerror or e)) from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (OSError, ValueError) as e:
+        raise FleetConfigError("fleet TLS: cannot read %s file %s: %s"
+                               % (what, path, getattr(e, "strerror", None) or e)) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FleetConfigError("fleet TLS: %s file %s is not a regular file" % (what, path))
+    finally:
+        os.close(fd)
 
 
 def _ssl_reason(e: BaseException) -> str:

@@ -78,8 +78,6 @@ def upkeep(session: Any, interval: float, watch_delay: float) -> None:
                 check_at = boottime() + CHECK_EVERY
                 continue
             wake_at = next_ka  # the keep-alive's time comes first: an open below never passes it
-            if watches:
-                wake_at = min(wake_at, check_at)
             if session.orphans and not _delete_orphans(session, next_ka):
                 wake_at = min(wake_at, boottime() + 0.5)  # try again soon, never in a hot loop
             for claim in claims:
@@ -99,6 +97,8 @@ def upkeep(session: Any, interval: float, watch_delay: float) -> None:
                         # Could not watch now: try again after a pause (never a hot loop against etcd);
                         # keep-alives go on meanwhile, and so do the watches that are open.
                         wake_at = min(wake_at, boottime() + 0.5)
+            if watches:  # the watches as they are now, those opened just above included
+                wake_at = min(wake_at, check_at)
             pause = wake_at - boottime()
             socks = {w.sock: claim for claim, w in watches.items() if w.sock is not None}
             # What select() cannot see: a message read along with an earlier one (a key deleted before its

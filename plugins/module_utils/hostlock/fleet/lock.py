@@ -30,7 +30,7 @@ import time
 from ..core import forks
 from ..core import oslite as os
 from ..core.clock import boottime
-from ..core.errors import FleetUnavailable, HostlockError, LockLost
+from ..core.errors import FleetConfigError, FleetUnavailable, HostlockError, LockLost
 from ..core.names import check_duration
 from ..core.signals import ENDING
 from .b64 import b64
@@ -513,8 +513,10 @@ class EtcdLocker:
                     granted = claim.session is None
                     self._leave(claim, claim.name_key, 0)
                     if granted:
-                        for lid in ids:  # granted (or being granted) when interrupted, before a Session had it
-                            self._revoke(lid)
+                        # Granted (or being granted) when interrupted, or asked for when etcd did not answer:
+                        # the usual two seconds (MIN_TRY), not a release's five, for a lease never seen.
+                        for lid in ids:
+                            self._revoke(lid, within=0.0)
                 finally:
                     _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
 
@@ -608,17 +610,19 @@ class EtcdLocker:
                               unreachable=True)
         return _LostPlace(LockLost("%s: %s" % (what, why)))
 
-    def _revoke(self, lease: int) -> None:
+    def _revoke(self, lease: int, within: float = REVOKE_WITHIN) -> None:
         """Revoke our lease, each member asked for REVOKE_ATTEMPT in turn, for REVOKE_WITHIN: a follower whose
         leader hangs holds a forwarded request some 6 s, while the others elect a new leader within a second
         or two. With one long attempt the revoke was dropped, and the next holder waited for the lease's whole
-        TTL. A revoke abandoned on one member and done on another is harmless: the second finds no lease."""
+        TTL. A revoke abandoned on one member and done on another is harmless: the second finds no lease.
+        Every member refusing connections ends it at once (no etcd runs to wait for), and so does a setting
+        that cannot work: a cleanup never replaces the error that made it."""
         try:
-            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic() + REVOKE_WITHIN,
-                             attempt=REVOKE_ATTEMPT)
+            self.client.call("lease/revoke", {"ID": str(lease)}, monotonic() + within, attempt=REVOKE_ATTEMPT,
+                             refused_ends=True)
         except EtcdError:
             pass  # already gone
-        except FleetUnavailable:
+        except (FleetUnavailable, FleetConfigError):
             pass  # unreachable: the lease expires by itself within its TTL
 
     def release(self, held: EtcdHeld) -> None:

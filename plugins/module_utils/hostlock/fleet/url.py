@@ -254,6 +254,8 @@ def _parse(url: object, environ: dict | None) -> FleetURL:
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in SCHEMES:
         raise _bad(url, "the scheme must be etcd:// or etcds:// (TLS)")
+    if "://" in rest:
+        raise _bad(url, "one scheme for the whole URL, before the first member (etcd://h1,h2: no scheme after a comma)")
     rest, _q, query = rest.partition("?")
     hosts, _slash, path = rest.partition("/")
     user = None
@@ -283,6 +285,8 @@ def _parse(url: object, environ: dict | None) -> FleetURL:
             if k in files:
                 raise _bad(url, "option %r given twice" % k)
             files[k] = _unquote(v)
+            if "\0" in files[k]:
+                raise _bad(url, "option %r names a file with a NUL byte" % k)
         if scheme != "etcds":
             raise _bad(url, "cacert=, cert= and key= need TLS: use etcds://")
         if ("cert" in files) != ("key" in files):
@@ -302,21 +306,39 @@ def _endpoint(url: str, part: str) -> tuple:
         host, close, tail = part[1:].partition("]")
         if not close or not host or (tail and not tail.startswith(":")):
             raise _bad(url, "malformed IPv6 member %r" % part)
-        port_text = tail[1:] if tail else ""
+        if not _ipv6(host):
+            raise _bad(url, "%r is not an IPv6 address" % host)
+        port_text = tail[1:] if tail else None
     else:
-        host, _colon, port_text = part.partition(":")
+        host, colon, port_text = part.partition(":")
         if not host or ":" in port_text:
             raise _bad(url, "malformed member %r" % part)
         if not all(c.isalnum() or c in "-._" for c in host) or not host.isascii():
             raise _bad(url, "malformed host %r" % host)
-    if not port_text:
+        # What getaddrinfo and TLS's name check take: labels of 1 to 63 characters, 253 in all.
+        if len(host.rstrip(".")) > 253 or any(not 0 < len(label) < 64 for label in host.rstrip(".").split(".")):
+            raise _bad(url, "malformed host %r (an empty or over-long label)" % host)
+        port_text = port_text if colon else None
+    if port_text is None:
         return (host, DEFAULT_PORT)
     if not port_text.isdigit() or not port_text.isascii() or not 0 < int(port_text) < 65536:
         raise _bad(url, "port %r is not a number from 1 to 65535" % port_text)
     return (host, int(port_text))
 
 
+def _ipv6(text: str) -> bool:
+    import _socket
+
+    try:
+        _socket.inet_pton(_socket.AF_INET6, text.partition("%")[0])  # 'fe80::1%eth0': a zone after '%'
+    except (OSError, ValueError):
+        return False
+    return text.isascii()
+
+
 def _unquote(text: str) -> str:
+    """A file name of the query, %XX-decoded to the bytes it names (surrogateescape, as the file system's
+    names are decoded), never with a byte replaced by another."""
     from urllib.parse import unquote
 
-    return unquote(text)
+    return unquote(text, errors="surrogateescape")
