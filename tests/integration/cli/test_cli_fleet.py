@@ -147,6 +147,36 @@ def test_the_job_is_named_in_the_record_its_pid_a_moment_later(cli, etcd):
     assert a.wait(timeout=60) == 0, a.stderr.read()
 
 
+@pytest.mark.parametrize("mode", [(), ("--slots", "2"), ("--shared",)])
+def test_status_says_since_when_a_waiter_holds_not_since_it_queued(cli, etcd, mode):
+    """A waiter's record is written when it queues; once it holds, status's SINCE (`acquired_at`) must be the
+    moment it took the lock, as for a host lock (the keep-alive thread rewrites it 0.1 s into the hold)."""
+    holders = 2 if mode == ("--slots", "2") else 1
+    held_as = ("--exclusive",) if mode == ("--shared",) else mode  # what makes the waiter wait
+    gates = []
+    for k in range(holders):
+        script, started, go = gated(cli, "a%d" % k)
+        gates.append((cli.start("run", "--fleet", etcd.url, *held_as, "deploy", "-c", script,
+                                env=controller(cli, "a%d" % k)), go))
+        wait_file(started)
+    script, started, go = gated(cli, "w")
+    w = cli.start("run", "--fleet", etcd.url, *mode, "-w", "5m", "deploy", "-c", script, env=controller(cli, "w"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    released = time.time()
+    for a, a_go in gates:
+        a_go.write_text("")
+        assert a.wait(timeout=60) == 0, a.stderr.read()
+    wait_file(started)
+
+    def since():
+        [holder] = [h for h in status(cli, etcd.url, "deploy")["locks"][0]["holders"] if h["pid"] == w.pid]
+        return holder["acquired_at"]
+
+    wait_until(lambda: since() >= released, 60, "SINCE after the release, not the time the waiter queued")
+    go.write_text("")
+    assert w.wait(timeout=60) == 0, w.stderr.read()
+
+
 def test_a_short_fleet_job_costs_etcd_two_writes(cli, etcd):
     """`hostlock run --fleet URL NAME true`: the queue transaction's put and the lease's revoke, and no record
     rewrite (the job's pid would be written 0.1 s into the job). etcd's revision counts its writes."""

@@ -615,6 +615,23 @@ def test_json_that_is_not_etcds_is_78_and_a_refusal_is_76_for_every_command(comm
             fake.close()
 
 
+def test_too_many_requests_is_asked_again_within_the_wait(members, hl):
+    """etcd sheds load with HTTP 429 {"code": 8, "too many requests"}: asked again (the next member, within the
+    wait) as a member without a leader is, never a refusal that ends the wait at once."""
+    busy = _Echo(429, b'{"error": "etcdserver: too many requests", "code": 8, "message": "etcdserver: too many '
+                      b'requests"}')
+    try:
+        r = run(hl, "run", "--fleet", "etcd://%s,%s" % (busy.endpoint, members.plain.endpoint), "-w", "10s", "t",
+                "true")
+        assert r.returncode == 0, r
+        began = time.monotonic()
+        r = run(hl, "run", "--fleet", "etcd://" + busy.endpoint, "-w", "2s", "t", "true")
+        assert r.returncode == 76 and "too many requests" in one_line(r), r
+        assert time.monotonic() - began >= 2.0, "gave up before its wait: %r" % r.stderr
+    finally:
+        busy.close()
+
+
 def test_nothing_listening_gives_up_within_the_wait(hl):
     """Every member refuses connections: the wait is tried out, then no cleanup waits on etcd (a revoke of a
     lease that no member could have granted): 76 as the wait ends, not seconds after it."""

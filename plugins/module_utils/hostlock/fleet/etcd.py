@@ -42,6 +42,7 @@ ATTEMPT = 2.5  # at most this long on one member before trying the next (a follo
 # leader holds a request ~6 s before its 503: we ask another member sooner)
 # gRPC codes the gateway returns in {"code": N}: these mean "ask again, maybe elsewhere".
 _RETRY_CODES = frozenset((1, 4, 14))  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (no leader, stopping)
+_EXHAUSTED = 8  # RESOURCE_EXHAUSTED: "too many requests" passes (etcd sheds load); "database space exceeded" not
 _AUTH_CODES = frozenset((7, 16))  # PERMISSION_DENIED, UNAUTHENTICATED
 NOT_FOUND = 5
 
@@ -304,7 +305,7 @@ class Client:
                     message = _message(reply) or "HTTP %d" % status
                     if reply.get("raw") and status < 500:
                         raise self._not_etcd(i, status, path)
-                    if status == 503 or code in _RETRY_CODES:
+                    if status == 503 or code in _RETRY_CODES or _shedding(status, code, message):
                         raise _Retry(message)
                     if code in _AUTH_CODES or status == 401 or "user name is empty" in message:
                         if self.url.user and not authed and "auth token" in message:
@@ -463,7 +464,7 @@ class Client:
             self._token = token
             return
         message = _message(reply) or "HTTP %d" % status
-        if status == 503 or _code(reply) in _RETRY_CODES:
+        if status == 503 or _code(reply) in _RETRY_CODES or _shedding(status, _code(reply), message):
             raise _Retry(message)
         if reply.get("raw"):
             raise self._not_etcd(i, status, "auth/authenticate")
@@ -614,6 +615,12 @@ def _code(reply: dict) -> int | None:
         return int(code) if code is not None and int(code) != 0 else None
     except (TypeError, ValueError):
         return 2
+
+
+def _shedding(status: int, code: int | None, message: str) -> bool:
+    """etcd answering "too many requests" (HTTP 429, gRPC RESOURCE_EXHAUSTED): it sheds load for a moment, so
+    the request is asked again within the wait, as for a member without a leader."""
+    return status == 429 or (code == _EXHAUSTED and "too many requests" in message)
 
 
 def _message(reply: dict) -> str:

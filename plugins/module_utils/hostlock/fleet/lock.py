@@ -598,7 +598,14 @@ class EtcdLocker:
                     raise self._gone(session, "lost %s while taking it" % self.path)
                 if waited and me.slots > 1:
                     _waiting().rewrite(self.client, key, me.rev)
-                return EtcdHeld(key, lease, me.rev, session, value)
+                held = EtcdHeld(key, lease, me.rev, session, value)
+                if waited:
+                    # The record was built when we queued: status's SINCE (`at`) must say when we took the lock.
+                    # Written by the keep-alive thread 0.1 s on (not at all for a shorter hold), never on the
+                    # handoff's path; what the caller rewrites meanwhile starts from it (read_record).
+                    held.value = record(None, None)
+                    session.record_later(held, held.value)
+                return held
             if deadline is not None and monotonic() >= deadline:
                 return None
             reply = c.call("kv/range", rng, self._net_deadline(deadline))
