@@ -334,10 +334,12 @@ class Lock:
         return parse_record(self._locker.read_record(self._held))
 
     def _timeout(self, timeout: float | None) -> LockTimeout:
+        if self.fleet is not None:
+            return fleet_backend(self.fleet).busy(self.name, timeout)  # a short read: never past the wait
         from .queries import status  # who holds it: the read side, loaded when a wait ends without the lock
 
         try:
-            st = status(self.name, self.directory) if self.fleet is None else status(self.name, fleet=self.fleet)
+            st = status(self.name, self.directory)
         except HostlockError:
             st = LockStatus(self.name, self.directory, self.path, self.mechanism, self.slots, [], 0)
         return st.timed_out(timeout)

@@ -227,3 +227,27 @@ def test_a_waiter_without_a_wait_gives_up_once_etcd_was_silent_for_one_ttl(cli, 
         assert a.wait(timeout=GUARD) == 79, a.stderr.read()
     finally:
         etcd.resume()
+
+
+@pytest.mark.parametrize("command", ["run", "hold"])
+def test_a_wait_that_runs_out_while_etcd_hangs_ends_promptly_and_says_76(cli, etcd, command):
+    """etcd SIGSTOPped while a -w 3s waiter waits: its wait runs out, its revoke tries for 5 s (REVOKE_WITHIN),
+    and the read of who holds the lock for its message gets 2 s, not 10: exit 76 (whether the lock is busy
+    cannot be told), for run and hold alike (run said 75 "busy" after the same silence, 23 s for -w 8s)."""
+    script, started, _go = gated(cli, "a")
+    a = cli.start("run", "--fleet", etcd.url, "deploy", "-c", script, env=controller(cli, "a"))
+    wait_file(started)
+    args = ("run", "--fleet", etcd.url, "-w", "3s", "deploy", "-c", "true") if command == "run" else \
+        ("hold", "--fleet", etcd.url, "--lease", "1m", "-w", "3s", "deploy")
+    w = cli.start(*args, env=controller(cli, "w"))
+    wait_waiters(cli, etcd.url, "deploy", 1)
+    etcd.pause()
+    try:
+        paused = time.monotonic()
+        assert w.wait(timeout=GUARD) == 76, w.stderr.read()
+        took = time.monotonic() - paused
+        assert took < 14.0, "the -w 3s wait ended %.1f s after etcd stopped" % took
+    finally:
+        etcd.resume()
+    a.kill()
+    a.wait(timeout=GUARD)

@@ -59,6 +59,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
         def status(self, name: str) -> LockStatus: ...
 
+        def busy(self, name: str, timeout: float | None) -> LockTimeout:
+            """The LockTimeout of a wait that ran out, from a short read of who holds it (FleetUnavailable if
+            the store does not answer it)."""
+
         def list_locks(self) -> list: ...
 
         def break_lock(self, name: str, force: bool) -> list: ...

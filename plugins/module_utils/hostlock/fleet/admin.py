@@ -19,6 +19,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Protocol
 
+    from ..core.errors import LockTimeout
     from ..core.holder import Holder
     from ..core.model import LockStatus
     from .etcd import Client
@@ -35,10 +36,18 @@ if TYPE_CHECKING:  # pragma: no cover
         def locker(self, name: str, slots: int, ttl: float, on_lost: Any) -> Any: ...
 
 
-def _range(backend: EtcdBackend, prefix: bytes) -> list:
-    reply = backend.client.call("kv/range", {"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
-                                             "sort_target": "CREATE", "sort_order": "ASCEND"},
-                                monotonic() + DEFAULT_TTL)
+# A wait that ran out names who holds the lock from one more read: a short one, so that a hung etcd does not
+# keep the command past its wait (1 s per member, the first answer wins; none: the line names nobody).
+BUSY_READ = 2.0
+
+
+def _range(backend: EtcdBackend, prefix: bytes, within: float | None = None) -> list:
+    body = {"key": b64(prefix), "range_end": b64(prefix_end(prefix)), "sort_target": "CREATE",
+            "sort_order": "ASCEND"}
+    if within is None:
+        reply = backend.client.call("kv/range", body, monotonic() + DEFAULT_TTL)
+    else:
+        reply = backend.client.call("kv/range", body, monotonic() + within, min_try=0.0, attempt=1.0)
     return reply.get("kvs") or []
 
 
@@ -57,9 +66,16 @@ def _status(backend: EtcdBackend, name: str, entries: list) -> LockStatus:
     return LockStatus(name, backend.url.display(), backend.url.display(name), "etcd", slots, holders, waiters)
 
 
-def status(backend: EtcdBackend, name: str) -> LockStatus:
+def status(backend: EtcdBackend, name: str, within: float | None = None) -> LockStatus:
+    """Who holds `name` and how many wait; `within`: read for at most that long (a wait that ran out)."""
     validate_name(name)
-    return _status(backend, name, in_order(_range(backend, backend.name_prefix(name))))
+    return _status(backend, name, in_order(_range(backend, backend.name_prefix(name), within)))
+
+
+def busy(backend: EtcdBackend, name: str, timeout: float | None) -> LockTimeout:
+    """The LockTimeout of a wait that ran out, naming the holders a short read finds. FleetUnavailable when
+    etcd does not answer that read: whether the lock is busy cannot be told then (CLI 76, not 75)."""
+    return status(backend, name, BUSY_READ).timed_out(timeout)
 
 
 def list_locks(backend: EtcdBackend) -> list:
@@ -134,7 +150,7 @@ def hold(backend: EtcdBackend, name: str, lease: float, mode: str = "exclusive",
     deadline = None if timeout is None else monotonic() + timeout
     held = locker.acquire(mode, True, deadline, lambda s, t: build_record(pre, s, t))
     if held is None:
-        raise status(backend, name).timed_out(timeout)
+        raise busy(backend, name, timeout)
     hexid = held.key.rsplit(b"/", 1)[-1].decode("ascii")
     granted: list = []
     try:

@@ -43,6 +43,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any, Callable, Optional
 
+    from ..core.errors import LockTimeout
     from ..core.model import LockStatus, Meanwhile
     from .url import FleetURL
 
@@ -696,6 +697,11 @@ class EtcdBackend:
         from . import admin
 
         return admin.status(self, name)
+
+    def busy(self, name: str, timeout: float | None) -> LockTimeout:
+        from . import admin
+
+        return admin.busy(self, name, timeout)
 
     def list_locks(self) -> list:
         from . import admin
