@@ -250,3 +250,81 @@ class TcpProxy:
                 client.close()
                 if up is not None:
                     up.close()
+
+
+class LateProxy:
+    """A TCP forwarder that delivers each client's bytes `delay` seconds late, and delivers them even after the
+    client gave up and closed (as a congested path or a buffering proxy does): for "a request given up on
+    reaches etcd after the command is done". `settled` is set once every byte a client sent has reached the
+    member and the member has answered what it got (its answer is read and dropped once the client is gone).
+    """
+
+    def __init__(self, target: str, delay: float) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target, self.delay = (host, int(port)), delay
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.settled = threading.Event()
+        self._busy = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _peer = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self._busy += 1
+                self.settled.clear()
+            threading.Thread(target=self._carry, args=(client,), daemon=True).start()
+
+    def _carry(self, client: socket.socket) -> None:
+        chunks: list = []  # (when it may go, bytes); None: the client closed
+        upstream = socket.create_connection(self.target, timeout=30)
+        answered = threading.Event()
+
+        def back() -> None:  # the member's answers: to the client while it is there, then read and dropped
+            try:
+                while True:
+                    data = upstream.recv(65536)
+                    if not data:
+                        break
+                    answered.set()
+                    try:
+                        client.sendall(data)
+                    except OSError:
+                        pass
+            except OSError:
+                pass
+            answered.set()
+
+        threading.Thread(target=back, daemon=True).start()
+        try:
+            while True:
+                try:
+                    data = client.recv(65536)
+                except OSError:
+                    data = b""
+                chunks.append((time.monotonic() + self.delay, data))
+                if not data:
+                    break
+        finally:
+            for due, data in chunks:
+                time.sleep(max(0.0, due - time.monotonic()))  # the delay is the fault under test
+                if data:
+                    answered.clear()
+                    upstream.sendall(data)
+            answered.wait(30)  # the member answered the last delivery (a bound for a hang only)
+            upstream.close()
+            client.close()
+            with self._lock:
+                self._busy -= 1
+                if not self._busy:
+                    self.settled.set()
+
+    def close(self) -> None:
+        self.listener.close()

@@ -251,3 +251,20 @@ def test_a_wait_that_runs_out_while_etcd_hangs_ends_promptly_and_says_76(cli, et
         etcd.resume()
     a.kill()
     a.wait(timeout=GUARD)
+
+
+def test_a_grant_delivered_late_leaves_no_key(cli, etcd):
+    """The URL's first route delivers every byte 3.5 s late, even after the command gave up on it (2.5 s) and
+    closed: the command takes the lock through the second route, runs and revokes its lease. The grant it
+    gave up on then reaches etcd, which grants that id anew; had the queue transaction been written behind
+    the unanswered grant, it would follow and put a key nobody holds in the queue for the TTL (60 s here)."""
+    late = fleet_etcd.LateProxy(etcd.endpoint, 3.5)
+    try:
+        r = cli.run("run", "--fleet", url(late.endpoint, etcd.endpoint), "--ttl", TTL, "deploy", "-c", "true",
+                    env=controller(cli, "a"))
+        assert r.returncode == 0, r.stderr
+        assert late.settled.wait(GUARD), "the late route never delivered"
+        keys = etcd.etcdctl("get", "--prefix", "hostlock/", "--keys-only").stdout.split()
+        assert keys == [], "a key nobody holds: %s" % keys
+    finally:
+        late.close()

@@ -99,13 +99,13 @@ def _versions(etcd, prefix: str = "hostlock/") -> list:
     return [(kv["version"], base64.b64decode(kv["value"])) for kv in json.loads(r.stdout).get("kvs", [])]
 
 
-@pytest.mark.parametrize("way", ["pipelined", "sequential"])
+@pytest.mark.parametrize("way", ["in_turn", "sequential"])
 def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_written_once_held(
         etcd, monkeypatch, way):
-    """Lock.acquire(meanwhile=...) on a fleet lock: run once, after the requests that go together were written
-    in full and before any answer is read (where `hostlock run --fleet` forks its job): the lease's grant and
-    the queue transaction right behind it (pipelined), or the grant alone (sequential: pipelined() failed
-    before sending a byte; the queue transaction follows its answer). What it told update_record() is written
+    """Lock.acquire(meanwhile=...) on a fleet lock: run once, while a request is on its way (where `hostlock run
+    --fleet` forks its job): the queue transaction, written once the lease's grant was answered on the same
+    connection (in_turn), or the grant alone (sequential: two_in_turn() failed before sending a byte; the
+    queue transaction follows its answer). What it told update_record() is written
     once the lock is held: a second write (version 2) when the queue transaction had gone with the record
     before `meanwhile` ran, none when it was built after (version 1)."""
     from hostlock.fleet import etcd as _etcd
@@ -126,7 +126,7 @@ def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_wri
     monkeypatch.setattr(_etcd._Conn, "send", send)
     monkeypatch.setattr(_etcd._Conn, "answer", answer)
     if way == "sequential":
-        monkeypatch.setattr(_etcd.Client, "pipelined", lambda self, *a, **kw: (None, None))
+        monkeypatch.setattr(_etcd.Client, "two_in_turn", lambda self, *a, **kw: (None, None))
     seen = []
 
     def meanwhile():
@@ -135,10 +135,11 @@ def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_wri
 
     lock.acquire(meanwhile=meanwhile)
     try:
-        both = ["/v3/lease/grant", "/v3/kv/txn"] if way == "pipelined" else ["/v3/lease/grant"]
-        assert seen == [(both, 0)]  # once: every request of the moment written, no answer read yet
+        both = ["/v3/lease/grant", "/v3/kv/txn"] if way == "in_turn" else ["/v3/lease/grant"]
+        # once: every request of the moment written, the last one's answer not read yet
+        assert seen == [(both, 1 if way == "in_turn" else 0)]
         [(version, value)] = _versions(etcd)
-        assert version == (2 if way == "pipelined" else 1)
+        assert version == (2 if way == "in_turn" else 1)
         assert b"|jpid=12345|" in value and b"|jcmd=backup --all" in value
         assert [h.job_pid for h in hostlock.holders("mw", fleet=etcd.url)] == [12345]
     finally:

@@ -6,14 +6,13 @@ The lease is really revoked in etcd, by etcdctl, in the instant between the gran
 client's grant answer, or, with the put pipelined behind the grant, on the put's building once etcd has
 answered the grant), as an outage or a paused process would have let it expire.
 
-The grant and the queue transaction go in one round trip (Client.pipelined); each test that hooks the grant
+The grant and the queue transaction go in one round trip (Client.two_in_turn); each test that hooks the grant
 runs both ways: `pipelined` as it is, and `sequential` (pipelined() answering nothing, as when its connection
 fails before a byte: every request then goes through Client.call, today's path).
 """
 
 from __future__ import annotations
 
-import select
 import socket
 import threading
 import time
@@ -26,10 +25,10 @@ from hostlock.fleet import lock as _etcd_lock
 from hostlock.fleet import queue as _etcd_queue
 
 
-@pytest.fixture(params=["pipelined", "sequential"])
+@pytest.fixture(params=["in_turn", "sequential"])
 def way(request, monkeypatch):
     if request.param == "sequential":
-        monkeypatch.setattr(_etcd.Client, "pipelined", lambda self, *a, **kw: (None, None))
+        monkeypatch.setattr(_etcd.Client, "two_in_turn", lambda self, *a, **kw: (None, None))
     return request.param
 
 
@@ -41,7 +40,7 @@ def _revoke(etcd, lid: int) -> None:
 def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch, way):
     revoked = []
     real_call = _etcd_lock.Client.call
-    real_pipelined = _etcd.Client.pipelined
+    real_two_in_turn = _etcd.Client.two_in_turn
     real_send = _etcd._Conn.send
     grants = []  # the connection the pipelined grant went on, once written in full
 
@@ -57,25 +56,21 @@ def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch, 
         if request.startswith(b"POST /v3/lease/grant "):
             grants.append(conn)
 
-    def pipelined(self, path, body, then, *a, **kw):
+    def two_in_turn(self, path, body, then, *a, **kw):
         def revoke_then():
             if not revoked:
-                # pipelined() wrote the grant in full before `meanwhile`, and so before this: the next bytes on its
-                # connection are the grant's answer, which etcd sends once the lease exists. Readable is that
-                # event (observed, not consumed: pipelined() reads the answer itself); the bound only ends a hang.
+                # two_in_turn() builds the put once etcd has answered the grant: the lease exists now.
                 assert len(grants) == 1, "then() ran before the grant was written in full"
-                readable, _w, _x = select.select([grants[0].sock], [], [], 30)
-                assert readable, "etcd did not answer the pipelined grant"
                 revoked.append(int(body["ID"]))
                 _revoke(etcd, revoked[0])
             return then()
 
-        return real_pipelined(self, path, body, revoke_then, *a, **kw)
+        return real_two_in_turn(self, path, body, revoke_then, *a, **kw)
 
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
-    if way == "pipelined":
+    if way == "in_turn":
         monkeypatch.setattr(_etcd._Conn, "send", send)
-        monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
+        monkeypatch.setattr(_etcd.Client, "two_in_turn", two_in_turn)
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)
     try:
@@ -117,15 +112,15 @@ def test_a_hold_interrupted_before_its_token_is_returned_leaves_no_lease(etcd, m
     Nobody has the token, so nothing may stay: neither lease, nor the key (it would hold the lock 5 min)."""
     calls = []
     real_call = _etcd_lock.Client.call
-    real_pipelined = _etcd.Client.pipelined
+    real_two_in_turn = _etcd.Client.two_in_turn
 
-    def pipelined(self, path, body, then, *a, **kw):
-        got = real_pipelined(self, path, body, then, *a, **kw)
+    def two_in_turn(self, path, body, then, *a, **kw):
+        got = real_two_in_turn(self, path, body, then, *a, **kw)
         calls.extend(p for p, reply in zip((path, "kv/txn"), got, strict=True) if reply is not None)
         return got
 
-    if way == "pipelined":
-        monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
+    if way == "in_turn":
+        monkeypatch.setattr(_etcd.Client, "two_in_turn", two_in_turn)
 
     def call(self, path, body, deadline, *a, **kw):
         reply = real_call(self, path, body, deadline, *a, **kw)
@@ -150,7 +145,7 @@ def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, mon
     the id was chosen before the request (_etcd_lock.grant), so the unwinding wait still revokes it (and with
     it our key, when the queue transaction went right behind the grant)."""
     real_call = _etcd_lock.Client.call
-    real_pipelined = _etcd.Client.pipelined
+    real_two_in_turn = _etcd.Client.two_in_turn
 
     def call(self, path, body, deadline, *a, **kw):
         reply = real_call(self, path, body, deadline, *a, **kw)
@@ -161,12 +156,12 @@ def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, mon
     def interrupted(reply):
         raise KeyboardInterrupt
 
-    def pipelined(self, path, body, then, deadline, sent, meanwhile=None, between=None, pending=None):
-        return real_pipelined(self, path, body, then, deadline, sent, meanwhile, interrupted, pending)
+    def two_in_turn(self, path, body, then, deadline, sent, meanwhile=None, between=None, pending=None):
+        return real_two_in_turn(self, path, body, then, deadline, sent, meanwhile, interrupted, pending)
 
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
-    if way == "pipelined":
-        monkeypatch.setattr(_etcd.Client, "pipelined", pipelined)
+    if way == "in_turn":
+        monkeypatch.setattr(_etcd.Client, "two_in_turn", two_in_turn)
     with pytest.raises(KeyboardInterrupt):
         hostlock.Lock("deploy", fleet=etcd.url).acquire(timeout=30)
     monkeypatch.undo()
@@ -174,9 +169,11 @@ def test_a_waiter_interrupted_as_its_grant_is_answered_leaves_no_lease(etcd, mon
     assert etcd.etcdctl("get", "--prefix", "hostlock/", "--keys-only").stdout.split() == []
 
 
-def test_the_grant_and_the_queue_are_one_round_trip(etcd, monkeypatch):
-    """A fresh process's uncontended acquire: the grant and the queue transaction are written back to back on
-    one connection, before either answer is read (etcd answers them in order); Client.call sends neither."""
+def test_the_queue_transaction_follows_the_grants_answer_on_its_connection(etcd, monkeypatch):
+    """A fresh process's uncontended acquire: the grant, its answer, then the queue transaction on the same
+    connection, and its answer; Client.call sends neither. Never the transaction behind an unanswered grant:
+    a grant that reached etcd late (after the command revoked its id) would take that transaction's key with
+    it, a key nobody holds (Client.two_in_turn)."""
     order = []
     real_send, real_answer = _etcd._Conn.send, _etcd._Conn.answer
 
@@ -193,7 +190,7 @@ def test_the_grant_and_the_queue_are_one_round_trip(etcd, monkeypatch):
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)
     try:
-        assert order[:4] == [b"/v3/lease/grant", b"/v3/kv/txn", b"answer", b"answer"]
+        assert order[:4] == [b"/v3/lease/grant", b"answer", b"/v3/kv/txn", b"answer"]
         keys = etcd.etcdctl("get", "--prefix", "hostlock/deploy/", "--keys-only").stdout.split()
         assert keys == ["hostlock/deploy/%x" % lock._held.lease]
     finally:
@@ -202,9 +199,9 @@ def test_the_grant_and_the_queue_are_one_round_trip(etcd, monkeypatch):
 
 
 @pytest.mark.parametrize("broken", [1, 2])
-def test_a_pipeline_broken_after_its_requests_falls_back_to_one_request_at_a_time(etcd, monkeypatch, broken):
-    """The connection breaks as the grant's answer (1) or the queue's (2) is read, after both were sent and
-    etcd acted on both: the grant is asked again for the same id (LEASE_EXISTS: that lease, our key with it,
+def test_a_connection_broken_after_a_request_falls_back_to_one_request_at_a_time(etcd, monkeypatch, broken):
+    """The connection breaks as the grant's answer (1) or the queue's (2) is read, after etcd acted on the
+    request: the grant is asked again for the same id (LEASE_EXISTS: that lease, our key with it,
     is revoked and another granted, as after any lost answer), or the queue transaction is sent again (its
     compare finds our key, its range reads the queue). Either way one key, on the lease we keep, and no lease
     left behind."""
@@ -231,10 +228,10 @@ def test_a_pipeline_broken_after_its_requests_falls_back_to_one_request_at_a_tim
     assert etcd.etcdctl("lease", "list").stdout.split("\n", 1)[1].split() == []
 
 
-def test_a_stopped_first_member_costs_the_pipeline_one_attempt_not_two(etcd_cluster, monkeypatch):
-    """The URL's first member is stopped (SIGSTOP: it accepts connections and never answers): the pipelined
-    grant times out there, and the one-at-a-time path that follows asks the next member first, as call() does
-    after a failure, instead of waiting on the stopped one a second time."""
+def test_a_stopped_first_member_costs_the_grant_one_attempt_not_two(etcd_cluster, monkeypatch):
+    """The URL's first member is stopped (SIGSTOP: it accepts connections and never answers): the grant
+    written for two_in_turn() times out there, and the one-at-a-time path that follows asks the next member
+    first, as call() does after a failure, instead of waiting on the stopped one a second time."""
     leader = etcd_cluster.leader()
     stopped = next(m for m in etcd_cluster.members if m is not leader)
     order = [stopped] + [m for m in etcd_cluster.members if m is not stopped]
@@ -270,9 +267,9 @@ def test_a_grant_answered_with_connection_close_still_starts_the_session(monkeyp
     def peer() -> None:
         with b:
             data = b""
-            while data.count(b"\r\n\r\n") < 2:  # both requests came, back to back, before any answer
+            while b"\r\n\r\n" not in data:  # the grant: the second is written only once it is answered
                 more = b.recv(4096)
-                if not more:  # the client gave up before writing both: no answer (the assertion says what)
+                if not more:  # the client gave up before writing it: no answer (the assertion says what)
                     return
                 data += more
             b.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(grant), grant))
@@ -281,7 +278,7 @@ def test_a_grant_answered_with_connection_close_still_starts_the_session(monkeyp
     client = _etcd.Client(_url.parse("etcd://127.0.0.1:9"))
     monkeypatch.setattr(client, "_conn", lambda i, timeout: (_etcd._Conn(a), False))
     started = []
-    first, second = client.pipelined("lease/grant", {"ID": "7", "TTL": 10}, lambda: ("kv/txn", {}),
-                                     time.monotonic() + 30, [], None, started.append)
+    first, second = client.two_in_turn("lease/grant", {"ID": "7", "TTL": 10}, lambda: ("kv/txn", {}),
+                                       time.monotonic() + 30, [], None, started.append)
     reply = {"header": {"revision": "1"}, "ID": "7", "TTL": "10"}
     assert (first, second, started) == (reply, None, [reply])

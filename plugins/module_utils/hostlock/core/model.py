@@ -18,8 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
     # a Lock only ever hands a locker back its own Held (one locker per Lock, chosen once).
     Held = Any
     Builder = Callable[[Optional[int], Optional[int]], bytes]  # (slot, ticket) -> the owner record
-    # A caller's work that overlaps a request's round trip (Lock.acquire's `meanwhile`), run once the requests
-    # that go together are on their way (fleet.etcd.Client.pipelined).
+    # A caller's work that overlaps a request's round trip (Lock.acquire's `meanwhile`), run once the last
+    # request of the acquisition is on its way (fleet.etcd.Client.two_in_turn).
     Meanwhile = Callable[[], None]
 
     class Locker(Protocol):

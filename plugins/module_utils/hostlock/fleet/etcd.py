@@ -129,7 +129,7 @@ class Client:
         ctx = self._context() if self.url.tls else None  # its files first: a mistake there needs no network
         sock = _connect(host, port, timeout)
         try:
-            # Requests are one small write each; without this, Nagle would hold a pipelined one back.
+            # Requests are one small write each; without this, Nagle would hold one back.
             sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             if ctx is not None:
                 try:
@@ -330,7 +330,7 @@ class Client:
             delay = min(delay * 2, 0.5)
 
     def send_first(self, path: str, body: dict, deadline: float, sent: list) -> Pending | None:
-        """The first half of pipelined(): POST `body` to /v3/`path` on a connection to the member asked first,
+        """The first half of two_in_turn(): POST `body` to /v3/`path` on a connection to the member asked first,
         its answer left unread; None when it could not be written (the member that failed is then asked last,
         as call() asks the next after a failure). Nothing is raised but a FleetConfigError of the URL's
         credentials. `sent[0]` is the boottime() at which it was sent."""
@@ -356,42 +356,41 @@ class Client:
             return None
         return Pending(conn, i, end)
 
-    def pipelined(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
-                  meanwhile: Meanwhile | None = None,
-                  between: Callable[[dict], None] | None = None,
-                  pending: Pending | None = None) -> tuple[dict | None, dict | None]:
-        """Two requests in one round trip, on one connection to the member asked first: POST `body` to
-        /v3/`path`, write the request `then()` builds (path, body) right behind it without waiting for the
-        first's answer, then run `meanwhile()`: the caller's work overlaps etcd's, on both requests. `then` runs
-        only once the first request is written in full (sendall returned: its answer is the next thing the
-        connection reads), `meanwhile` once both are; what could not be written is left to the caller (a None
-        reply, below), and so is `meanwhile`. etcd's gateway (Go's net/http) serves a connection's requests one
-        after the other and answers them in order: the second is handled once the first is done, as if sent
-        after its answer. `between(reply)` runs once the first is answered, while the second's answer is on its
-        way. `sent[0]` is the boottime() at which the first was sent. `pending`: the first, sent already by
-        send_first() (then `path` and `body` are not sent again; None there: it could not be).
+    def two_in_turn(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
+                    meanwhile: Meanwhile | None = None,
+                    between: Callable[[dict], None] | None = None,
+                    pending: Pending | None = None) -> tuple[dict | None, dict | None]:
+        """Two requests on one connection to the member asked first: POST `body` to /v3/`path` (the lease's
+        grant), and once etcd has answered it, the request `then()` builds (path, body: the queue transaction
+        that puts our key on that lease), then run `meanwhile()` while the second is on its way: the caller's
+        work overlaps etcd's. `between(reply)` runs once the first is answered, after `meanwhile` (before the
+        second's answer is read; at once when the second is not written). `sent[0]` is the
+        boottime() at which the first was sent. `pending`: the first, sent already by send_first() (then `path`
+        and `body` are not sent again; None there: it could not be): the command line sends the grant as soon as
+        its options are read, so its answer is there when the lock's modules have loaded, and the second costs
+        no wait for it.
 
-        Each reply is a dict when etcd answered it with success (HTTP 200, no error code), else None: the caller
-        then does that request (and the second, when the first is None) with call(), whose retries, errors and
-        messages are the only ones a caller sees. Network failures give None too: nothing is raised but
-        what `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the
-        member that failed is then asked last, as call() asks the next after a failure (a member that hangs
-        costs one attempt's time, not two)."""
+        Why the second waits for the first's answer, though etcd would answer both in order: a grant we gave up
+        on (a path that delivers bytes late: a congested link, a proxy that buffers) may reach etcd after the
+        command is done and has revoked that lease id, and etcd then grants it anew; a transaction written
+        behind it would then put a key nobody holds in the queue, for a whole TTL. Written only after the
+        grant's answer, a transaction that arrives late finds our lease revoked ("requested lease not found")
+        or our key there (its compare fails): nothing.
+
+        Each reply is a dict when etcd answered it with success (HTTP 200, no error code, etcd's header), else
+        None: the caller then does that request (and the second, when the first is None) with call(), whose
+        retries, errors and messages are the only ones a caller sees; `meanwhile` too is left to the caller
+        when the second was not written. Network failures give None too: nothing is raised but what
+        `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the member that
+        failed is then asked last, as call() asks the next after a failure (a member that hangs costs one
+        attempt's time, not two)."""
         if pending is None:
             pending = self.send_first(path, body, deadline, sent)
             if pending is None:
                 return None, None
         n = len(self.endpoints)
         conn, i, end = pending.conn, pending.i, pending.end
-        first = second = None
         try:
-            path2, body2 = then()
-            payload = dumps(body2).encode("utf-8")
-            conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
-            # Both requests are on their way: until etcd answers, the caller has nothing else to do. Its work
-            # comes after the second's write, not between the two: etcd starts on the second while it works.
-            if meanwhile is not None:
-                meanwhile()
             first, close = self._clean(*conn.answer(end))
         except OSError:
             conn.close()
@@ -404,15 +403,38 @@ class Client:
             conn.close()
             return None, None
         self._next = i
-        if between is not None:
-            try:
-                between(first)  # outside the network's try: what it raises is the caller's, never a member's
-            except BaseException:
+        try:
+            if close:
                 conn.close()
-                raise
-        if close:
+                if between is not None:
+                    between(first)
+                return first, None
+            path2, body2 = then()
+        except BaseException:
             conn.close()
+            raise
+        try:
+            payload = dumps(body2).encode("utf-8")
+            conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
+        except OSError:
+            conn.close()
+            self._next = (i + 1) % n
+            if between is not None:
+                between(first)
             return first, None
+        except BaseException:
+            conn.close()
+            raise
+        try:  # outside the network's try: what these raise is the caller's, never a member's
+            if meanwhile is not None:
+                meanwhile()
+            if between is not None:
+                # After the caller's work: the session it starts (a thread) is not on the way of the second's
+                # write nor of the forks `meanwhile` may make.
+                between(first)
+        except BaseException:
+            conn.close()
+            raise
         try:
             second, close = self._clean(*conn.answer(end))
         except OSError:
@@ -430,7 +452,7 @@ class Client:
 
     @staticmethod
     def _clean(status: int, data: bytes, close: bool) -> tuple[dict | None, bool]:
-        """A pipelined answer: (its JSON, whether the connection ends) when it is a success, else (None, True)."""
+        """An answer two_in_turn read: (its JSON, whether the connection ends) if a success, else (None, True)."""
         try:
             reply = loads(data.decode("utf-8")) if data else {}
         except ValueError:
@@ -484,7 +506,7 @@ class _NotHTTP(ConnectionError):
 
 
 class Pending:
-    """A request written by Client.send_first() whose answer is still to be read (Client.pipelined reads it)."""
+    """A request written by Client.send_first() whose answer is still to be read (Client.two_in_turn reads it)."""
 
     __slots__ = ("conn", "i", "end")
 
@@ -544,7 +566,7 @@ class _Conn:
 
     def answer(self, end: float) -> tuple[int, bytes, bool]:
         """Read the next answer (monotonic deadline `end`): (status, body, whether the connection must be
-        closed). What follows it (a pipelined request's answer) stays in buf."""
+        closed). What follows it (a next request's answer) stays in buf."""
         while True:
             while b"\r\n\r\n" not in self.buf:
                 more = self._more(end, bool(self.buf))

@@ -33,7 +33,7 @@ def grant(client: Client, ttl: float, deadline: float, ids: list, sent: list | N
     """Grant a lease of `ttl` seconds whose id we choose, appended to `ids` before it is asked for: a caller
     interrupted anywhere after (a signal's exception while the answer is on its way) still knows what to
     revoke; with an id of etcd's choosing, a lease granted but never seen would hold a key for a whole TTL.
-    `lid`: the id to ask for first (in `ids` already: a pipelined grant whose answer was not seen, asked
+    `lid`: the id to ask for first (in `ids` already: a grant of two_in_turn whose answer was not seen, asked
     again as call() asks again after a lost answer). `meanwhile`: see Client.call."""
     while True:
         if lid is None:
@@ -70,8 +70,8 @@ def send_early(url: str, ttl: float) -> None:
     """Write the lease grant a fleet lock on `url` with `ttl` will need, now: `hostlock run --fleet` sends it as
     soon as its options are read, and etcd commits it while the command loads the modules that take the lock
     (~1 ms of a ~17 ms run, which would otherwise come before the grant). The first backend made for `url`
-    takes the client over (take_client) and its lock the grant (take): the queue transaction is written behind
-    it, on the same connection, as when both are sent together (Client.pipelined). Never raises: a URL that
+    takes the client over (take_client) and its lock the grant (take): the queue transaction follows its answer,
+    which is there by then, on the same connection (Client.two_in_turn). Never raises: a URL that
     does not parse, a member that cannot be reached, credentials refused... all are left to the lock's own
     acquisition, its retries, messages and exit codes. A grant no lock takes is revoked (drop)."""
     if _EARLY:

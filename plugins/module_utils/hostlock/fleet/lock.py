@@ -390,14 +390,15 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
     """Put `claim` on this process's lease for `backend`'s cluster and `ttl`, granting one when there is none
     (or when this process already has a key of that lock name on it: then a lease of its own). Sets
     claim.session and claim.name_key, and returns the session; a grant's id is in `ids` before it is asked for.
-    `meanwhile` runs while the grant is on its way (with `queue`: once both requests are; not at all when the
-    lease is there already).
+    `meanwhile` runs while the grant is on its way (with `queue`: while the queue transaction is; not at all when
+    the lease is there already).
 
     `queue(lease id)`: the request (path, body) that puts our key on the lease. When a grant is needed, it is
-    written right behind the grant, on the same connection, without waiting for the grant's answer (etcd
-    answers them in order: Client.pipelined), and its reply is returned with the session: one round trip
-    for both. None in its place: the caller sends it (the lease was there already, or the pipelined request
-    did not succeed: then the grant, too, went the one-request-at-a-time way, asking again for the same id)."""
+    written on the grant's connection once etcd has answered the grant (Client.two_in_turn: never behind an
+    unanswered grant, which could reach etcd after we are gone), and its reply is returned with the session.
+    The command line's grant was sent early (grant.send_early), so its answer is there by then. None in its
+    place: the caller sends it (the lease was there already, or two_in_turn did not succeed: then the grant,
+    too, went the one-request-at-a-time way, asking again for the same id)."""
     url = backend.url
     shared = (url.scheme, tuple(url.endpoints), url.user, url.password, url.cacert, url.cert, url.key, ttl)
     with _SESSIONS_MUTEX:
@@ -431,9 +432,9 @@ def join(backend: EtcdBackend, prefix: bytes, ttl: float, deadline: float, claim
             ids.append(lid)
             if early is not None:
                 sent[:] = [early.sent]
-            reply, queued = backend.client.pipelined("lease/grant", grant_body(ttl, lid), lambda: queue(lid),
-                                                     deadline, sent, meanwhile, start,
-                                                     None if early is None else early.pending)
+            reply, queued = backend.client.two_in_turn("lease/grant", grant_body(ttl, lid), lambda: queue(lid),
+                                                       deadline, sent, meanwhile, start,
+                                                       None if early is None else early.pending)
             if reply is None:
                 start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
         return made[0], queued
