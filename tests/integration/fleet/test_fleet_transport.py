@@ -582,8 +582,8 @@ def test_a_service_that_echoes_the_request_never_gets_the_password_repeated(stat
         if status < 500:
             line = one_line(r)
             assert r.returncode == 78, r
-            assert "member %s has no etcd v3 gateway (HTTP %d for /v3/auth/authenticate" % (echo.endpoint,
-                                                                                           status) in line, r
+            want = "member %s has no etcd v3 gateway (HTTP %d for /v3/auth/authenticate" % (echo.endpoint, status)
+            assert want in line, r
         else:
             assert r.returncode == 0, r  # the second member served it
             r = run(hl, "run", "--fleet", "etcd://ops@" + echo.endpoint, "--fleet-password-file", pw, "-w", "1s",
