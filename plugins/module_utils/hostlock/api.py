@@ -153,7 +153,7 @@ class Lock:
         """Take the lock; None waits forever, 0 tries once. Re-entrant in the holding thread.
 
         `meanwhile()`, if given, has run once when this returns: a fleet lock runs it once its requests are on
-        their way to etcd (the lease's grant and the queue transaction, written together), so work that needs no
+        their way to etcd (the queue transaction, once etcd answered the lease's grant), so work that needs no
         lock yet overlaps their round trip instead of following it (`hostlock run --fleet` forks its job there,
         held at its gate); a host lock first. What it tells update_record() is in the record once the lock is
         held: for a host lock, the record the lock is taken with; for a fleet lock, written right after (the

@@ -471,9 +471,9 @@ class EtcdLocker:
         reached, the lease expires by itself within the TTL. `fifo` is always honoured (create_revision order).
         A waiter that loses its place before it holds (its lease ended in an outage longer than the TTL, its
         key deleted, the lease gone between grant and put) queues again, on a new lease, while its time
-        remains: a wait of D waits for D. `meanwhile` runs while the lease's grant is on its way (and, when they
-        go together, the queue transaction with our record: built before it, the record names nothing it starts;
-        the Lock writes a record it changed once held).
+        remains: a wait of D waits for D. `meanwhile` runs while the queue transaction (with our record, built
+        before it: the record names nothing `meanwhile` starts; the Lock writes a record it changed once held) is
+        on its way, or the lease's grant when the transaction goes alone later.
         """
         while True:
             try:
