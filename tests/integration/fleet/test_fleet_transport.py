@@ -502,15 +502,14 @@ def test_the_json_codec_agrees_with_the_json_package(value):
             _etcd.loads(bad)
 
 
-class _Banner:
-    """A TCP service that is not etcd: it sends a banner (SSH's) on every connection, then closes."""
+class _Service:
+    """A TCP service on a free port that is not etcd: `answer(conn)` serves each connection, then it closes."""
 
-    def __init__(self, banner: bytes) -> None:
+    def __init__(self) -> None:
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
         self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
-        self.banner = banner
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -520,52 +519,53 @@ class _Banner:
             except OSError:
                 return
             with conn:
-                conn.sendall(self.banner)
+                self.answer(conn)
+
+    def answer(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         self.listener.close()
 
 
-class _Echo:
+class _Banner(_Service):
+    """A service that sends a banner (SSH's) on every connection, then closes."""
+
+    def __init__(self, banner: bytes) -> None:
+        self.banner = banner
+        super().__init__()
+
+    def answer(self, conn: socket.socket) -> None:
+        conn.sendall(self.banner)
+
+
+class _Echo(_Service):
     """An HTTP service that is not etcd and repeats each request it gets (its head, with the Authorization
     token, and its body, with a password) in its error page, as debugging proxies do: HTTP `status`."""
 
     def __init__(self, status: int, body: bytes | None = None) -> None:
         self.body = body  # sent instead of the echo, when given
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
-        self.endpoint = "127.0.0.1:%d" % self.listener.getsockname()[1]
         self.status = status
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _peer = self.listener.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        break
-                    data += more
-                head, _sep, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
-                while len(body) < length:
-                    more = conn.recv(65536)
-                    if not more:
-                        break
-                    body += more
-                page = b"could not handle request: " + head + b" " + body if self.body is None else self.body
-                conn.sendall(b"HTTP/1.1 %d Oops\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-                             b"Connection: close\r\n\r\n%s" % (self.status, len(page), page))
-
-    def close(self) -> None:
-        self.listener.close()
+    def answer(self, conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = conn.recv(65536)
+            if not more:
+                break
+            data += more
+        head, _sep, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            more = conn.recv(65536)
+            if not more:
+                break
+            body += more
+        page = b"could not handle request: " + head + b" " + body if self.body is None else self.body
+        conn.sendall(b"HTTP/1.1 %d Oops\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (self.status, len(page), page))
 
 
 @pytest.mark.parametrize("status", [400, 401, 502])

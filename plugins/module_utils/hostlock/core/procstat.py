@@ -2,7 +2,8 @@
 
 The command name (field 2) may hold spaces and ')': the fields are split after the last ')'. fields()[0]
 is the state (field 3), [1] the parent pid, [2] the process group, [19] the start time in clock ticks
-since boot (field 22), which with the pid and the boot id names a process for good.
+since boot (field 22), which with the pid and the boot id names a process for good; [47] and [48] the bounds
+of its initial environment block in its memory (fields 50 and 51, Linux 3.5).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from . import oslite as os
 
 STATE, PPID, PGRP, START = 0, 1, 2, 19
+ENV_START, ENV_END = 47, 48
 
 
 def read(pid: int, proc: str = "/proc") -> bytes | None:

@@ -403,30 +403,17 @@ class Client:
             conn.close()
             return None, None
         self._next = i
-        try:
-            if close:
-                conn.close()
-                if between is not None:
-                    between(first)
-                return first, None
-            path2, body2 = then()
-        except BaseException:
-            conn.close()
-            raise
-        try:
-            payload = dumps(body2).encode("utf-8")
-            conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
-        except OSError:
-            conn.close()
-            self._next = (i + 1) % n
-            if between is not None:
-                between(first)
-            return first, None
-        except BaseException:
-            conn.close()
-            raise
-        try:  # outside the network's try: what these raise is the caller's, never a member's
-            if meanwhile is not None:
+        written = False
+        try:  # what then, meanwhile and between raise is the caller's, never a member's
+            if not close:
+                path2, body2 = then()
+                payload = dumps(body2).encode("utf-8")
+                try:
+                    conn.send(self._head(i, "/v3/" + path2, len(payload)) + payload, max(0.001, end - monotonic()))
+                    written = True
+                except OSError:
+                    self._next = (i + 1) % n
+            if written and meanwhile is not None:
                 meanwhile()
             if between is not None:
                 # After the caller's work: the session it starts (a thread) is not on the way of the second's
@@ -435,6 +422,9 @@ class Client:
         except BaseException:
             conn.close()
             raise
+        if not written:
+            conn.close()
+            return first, None
         try:
             second, close = self._clean(*conn.answer(end))
         except OSError:

@@ -125,26 +125,22 @@ def upkeep(session: Any, interval: float, watch_delay: float) -> None:
 def _check_watches(session: Any, watches: dict, next_ka: float) -> None:
     """Check the key watches, which say nothing while the key stays ours (fleet/watch.py, CHECK_EVERY): read
     each key through the client, each member getting CHECK_ATTEMPT (never past the next keep-alive). A watch
-    whose member did not answer is closed, to be reopened where the read was answered (reading the key
-    first); a key the read shows gone or moved is that claim's loss. The keep-alives alone would move the
-    watches only every TTL/3: a holder would learn of its key's deletion (a `break --force`) that late, while
-    the next holder ran. Nobody answering: the lease's clock decides; the streams are kept meanwhile."""
+    whose member did not answer, or whose key the read shows gone or moved, is closed: _open_watch reopens it
+    where the read was answered, reading the key first, and a key gone or moved there is that claim's loss.
+    The keep-alives alone would move the watches only every TTL/3: a holder would learn of its key's deletion
+    (a `break --force`) that late, while the next holder ran. Nobody answering: the lease's clock decides; the
+    streams are kept meanwhile."""
     client = session.client
     deadline = min(check_deadline(client), monotonic() + max(0.05, next_ka - boottime()))
     for claim, w in list(watches.items()):
-        key = claim.key
         try:
-            reply = client.call("kv/range", {"key": b64(key), "keys_only": True}, deadline, min_try=0.0,
+            reply = client.call("kv/range", {"key": b64(claim.key), "keys_only": True}, deadline, min_try=0.0,
                                 attempt=CHECK_ATTEMPT)
         except (FleetUnavailable, EtcdError):
             return
         kvs = reply.get("kvs") or []
         if client.answering != w.i or not kvs or int(kvs[0].get("lease") or 0) != session.lease:
             watches.pop(claim).close()
-            if not kvs:
-                claim.key_deleted()
-            elif int(kvs[0].get("lease") or 0) != session.lease:
-                _moved(claim, key)
 
 
 def _moved(claim: Any, key: bytes) -> None:

@@ -118,16 +118,13 @@ def _blank_initial(prefix: bytes) -> None:
     ('NAME='). unsetenv() only drops the C library's pointer to it: the kernel shows the block the process
     started with in /proc/PID/environ for its whole life (to the same user, so to any job it runs, and to
     root), and every process forked from it shares those bytes. Written through /proc/self/mem (the block's
-    bounds: fields 50 and 51 of /proc/self/stat, Linux 3.5); checked by reading it back."""
-    fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, 4096)
-    finally:
-        os.close(fd)
-    fields = data[data.rindex(b")") + 2:].split()
-    if len(fields) < 49:
+    bounds: core.procstat's ENV_START and ENV_END); checked by reading it back."""
+    from ..core import procstat
+
+    fields = procstat.fields(os.getpid())
+    if fields is None or len(fields) <= procstat.ENV_END:
         raise ValueError("no environment bounds in /proc/self/stat")
-    start, end = int(fields[47]), int(fields[48])
+    start, end = int(fields[procstat.ENV_START]), int(fields[procstat.ENV_END])
     fd = os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC)
     try:
         block = os.pread(fd, end - start, start)
