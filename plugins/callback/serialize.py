@@ -92,7 +92,10 @@ options:
       - Lock directory on the control node. Every run that must exclude the others uses the same one.
       - Defaults to the hostlock default (C($HOSTLOCK_DIR), else C(/run/hostlock) when usable,
         else a per-user runtime directory).
-    type: path
+      - An absolute path (C(~) expands). An empty or relative value stops the run (exit 64) before its
+        first task, because runs started from other directories would each resolve it to a directory of
+        their own and never exclude each other.
+    type: str
     env:
       - name: HOSTLOCK_SERIALIZE_DIRECTORY
     ini:
@@ -403,7 +406,14 @@ def settings(get: t.Callable[[str], t.Any]) -> dict[str, t.Any]:
             parse(out["fleet"])
         except ValueError as e:
             raise ValueError(f"invalid setting fleet ({_where('fleet')}): {one_line(str(e))}") from None
-    out["directory"] = get("directory")
+    raw = get("directory")
+    out["directory"] = None
+    if raw is not None:
+        where = os.path.expanduser(str(raw).strip())
+        if not os.path.isabs(where):
+            raise bad("directory", raw, "an absolute path (unset it for the default): a relative or empty one "
+                      "names another directory for each run started elsewhere")
+        out["directory"] = where
     return out
 
 

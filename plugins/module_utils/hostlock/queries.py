@@ -28,10 +28,11 @@ def _record_mechanism() -> RecordMechanism:
 
 
 def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel: bool,
-            file: tuple | None = None, planted: str | None = None) -> Holder:
+            file: tuple | None = None, planted: str | None = None, path: str | None = None) -> Holder:
     from .core.holder import Holder
 
     h = Holder(fields, mode, slot, file)
+    h.path = path
     if planted:
         h.problem = planted
     # Stale means break can act: a record proven dead (never one the kernel still holds), or an ended
@@ -71,7 +72,8 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
 
     if mechanism == "record":
         slots, entries = _record_mechanism().inspect(dirfd, name)
-        holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl) for f, m, s, _n, fi, pl in entries]
+        holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl, path=posixpath.join(directory, n))
+                   for f, m, s, n, fi, pl in entries]
         return LockStatus(name, directory, posixpath.join(directory, name + "~owner"), mechanism, slots, holders, 0)
     path = posixpath.join(directory, name + ".lock")
     if mechanism not in _KERNEL:
@@ -159,10 +161,12 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
     """Remove provably stale state (dead owners' files, ended leases); with force, end live holders too.
 
     Acts on kernel facts, never on a record alone: a record is removed only when its process is proven
-    dead, and a process is signalled (SIGTERM, then SIGCONT so a stopped one acts on it) only when proven,
-    at that moment, to be the holder (alive with the recorded start time and boot id, in this PID
-    namespace, its real uid the claimed one, the lock file open). Forged and unproven records are never
-    acted upon. Only holders of this user, unless we are root: the kernel's kill() check agrees.
+    dead or, the record mechanism, alive without the record's file open (every holder keeps it open: one
+    that does not never held it, a planted file), and a process is signalled (SIGTERM, then SIGCONT so a
+    stopped one acts on it) only when proven, at that moment, to be the holder (alive with the recorded
+    start time and boot id, in this PID namespace, its real uid the claimed one, the lock file open).
+    Forged and unproven records never get a process signalled. Only holders of this user, unless we are
+    root: the kernel's kill() check agrees.
     Waits up to `wait` seconds for ended holders to exit. With force, a lock file with a corrupt header is
     removed if nobody has it locked. Returns the holders removed or ended; `status()` afterwards says
     what the kernel still holds. With `fleet`, force revokes the holders' etcd leases (they learn it:

@@ -102,7 +102,7 @@ class Ansible:
             PATH=f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         )
         env.update(extra)
-        return env
+        return {k: v for k, v in env.items() if v is not None}  # None: leave that variable out
 
     def command(self, playbook: str, *args: str, extra_vars: dict | None = None) -> list[str]:
         cmd = [str(VENV_BIN / "ansible-playbook"), str(PLAYBOOKS / playbook)]

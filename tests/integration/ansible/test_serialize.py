@@ -512,6 +512,7 @@ BAD_SETTINGS = [
     ("timeout", "30x"), ("timeout", "-1"), ("timeout", "abc"), ("timeout", "nan"), ("timeout", "1_0"),
     ("scope", "bogus"), ("wait_in_flight", "maybe"), ("fail_fast", "sometimes"), ("recap", "2"),
     ("ttl", "0"), ("ttl", "soon"), ("prefix", "bad/prefix"), ("fleet", "http://127.0.0.1:1"),
+    ("directory", ""), ("directory", "locks"), ("directory", "./locks"),
 ]
 
 
@@ -525,6 +526,8 @@ def test_a_setting_that_cannot_be_honoured_stops_the_run_before_its_first_task(a
         env[f"HOSTLOCK_SERIALIZE_{name.upper()}"] = value
     else:
         (ansible.work / "ansible.cfg").write_text(f"[defaults]\n\n[hostlock_serialize]\n{name} = {value}\n")
+        if name == "directory":
+            env["HOSTLOCK_SERIALIZE_DIRECTORY"] = None  # the tests' own, which would win over the file's
     proc = _start(ansible, "loc", "X", log, **env)
     out = _finish(proc)
     assert proc.returncode == 64, out

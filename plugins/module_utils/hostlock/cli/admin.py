@@ -552,6 +552,9 @@ def cmd_break(ns: argparse.Namespace) -> int:
                 out.append("signalled %s, but it still holds the lock" % h.describe())
             elif h.alive is False:
                 out.append("removed stale holder %s (proven dead)" % h.describe())
+            elif h.verified is False and h.record_ok:
+                out.append("removed a record naming %s, which does not have its file open: planted or forged, "
+                           "nobody's lock; nothing was signalled" % h.describe())
             else:
                 out.append("ended %s holder %s" % ("expired" if h.lease_expired else "live", h.describe()))
         if not removed:
@@ -559,7 +562,9 @@ def cmd_break(ns: argparse.Namespace) -> int:
         signalled = {h.pid for h in removed}
         for h in remaining:
             if h.forged or h.problem:
-                why = "%s; remove %s after checking who made it" % (h.problem, st.path)
+                # The file the record was read from (a planted NAME~r~... is not NAME~owner, which may be the
+                # live holder's own: removing that would let a second holder in).
+                why = "%s; remove %s after checking who made it" % (h.problem, h.path or st.path)
             elif h.pid in signalled:
                 why = "it did not exit after SIGTERM"
             elif h.verified is not True and (h.lease_expired or ns.force):

@@ -142,7 +142,7 @@ class Holder:
     __slots__ = ("pid", "start_time", "boot_id", "hostname", "pid_namespace", "uid", "user", "cmdline", "mode",
                  "slot", "acquired_at", "lease_expires", "label", "job_pid", "job_cmdline", "alive", "stale",
                  "token_id", "verified", "forged", "record_ok", "file_uid", "problem", "fence", "lease_id", "_file",
-                 "_start")
+                 "_start", "path")
 
     def __init__(self, fields: dict | None, mode: str | None = None, slot: int | None = None,
                  file: tuple | None = None) -> None:
@@ -175,6 +175,7 @@ class Holder:
         self.fence: int | None = None  # fleet locks: the holder's key's create_revision (its fencing token)
         self.lease_id: str | None = None  # fleet locks: the etcd lease (hex) its key was made with
         self._file = file
+        self.path: str | None = None  # the record mechanism: the file this record was read from
         self.file_uid = file[2] if file is not None and len(file) > 2 else None
         self.alive: bool | None = None
         self.verified: bool | None = None

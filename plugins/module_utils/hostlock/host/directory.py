@@ -288,9 +288,10 @@ def _read_marker(fd: int, directory: str) -> str:
 def replace_own(dirfd: int, directory: str, name: str, mode: int, data: bytes, what: str) -> None:
     """Put a fresh file of ours at `name`, renamed over what is there (atomic: never missing, never half
     written); the way root takes over another user's lock file or marker (must_adopt)."""
-    tmp = "%s.%d.new" % (name if name.startswith(".") else "." + name, os.getpid())
+    base = name if name.startswith(".") else "." + name
+    tmp = ""
     try:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600, dir_fd=dirfd)
+        fd, tmp = _fresh_file(dirfd, base + ".%s.new", 0o600)
         try:
             os.fchmod(fd, mode)  # explicit: the umask must not decide who else may use it
             if data:
@@ -299,11 +300,27 @@ def replace_own(dirfd: int, directory: str, name: str, mode: int, data: bytes, w
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except OSError as e:
-        try:
-            os.unlink(tmp, dir_fd=dirfd)
-        except OSError:
-            pass
+        if tmp:
+            try:
+                os.unlink(tmp, dir_fd=dirfd)
+            except OSError:
+                pass
         raise file_error("cannot replace another user's %s" % what, os.path.join(directory, name), e) from None
+
+
+def _fresh_file(dirfd: int, pattern: str, mode: int) -> tuple[int, str]:
+    """A new file of ours in the directory, under a name nobody could guess: (fd, name).
+
+    A name another user can predict (one with our pid) can be made first in a shared directory, by every
+    pid at once, and O_EXCL would then refuse every lock there. A name found taken is a planted one (or a
+    one-in-2**64 collision): another random name is tried, a few times."""
+    for _try in range(8):
+        tmp = pattern % os.urandom(8).hex()
+        try:
+            return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, mode, dir_fd=dirfd), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "eight random temporary names in a row were taken")
 
 
 def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Callable[[int], str]) -> str:
@@ -315,10 +332,8 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Calla
     try:
         fd = os.open(MARKER, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
     except FileNotFoundError:
-        tmp = "%s.%d" % (MARKER, os.getpid())
         try:
-            wfd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644,
-                          dir_fd=dirfd)
+            wfd, tmp = _fresh_file(dirfd, MARKER + ".%s", 0o644)
             try:
                 os.fchmod(wfd, 0o644)
                 # Probe kernel locks on the marker file itself: no extra file left behind.

@@ -175,12 +175,19 @@ class FlockFile(LockFile):
             return self.fd
         fd = self.extra.get(start)
         if fd is None:
-            from .directory import open_lock_file
+            from .directory import foreign_file_error, must_adopt, open_directory, open_lock_file
 
             head, tail = os.path.split(self.path)
-            dfd = os.open(head, os.O_RDONLY | os.O_CLOEXEC)
+            dfd = open_directory(head)[0]  # walked as the main file's was: no symlink planted above it
             try:
-                fd = open_lock_file(dfd, "%s.%d" % (tail, start), head, True, create=create)
+                name = "%s.%d" % (tail, start)
+                fd = open_lock_file(dfd, name, head, True, create=create)
+                # Each range is a file of its own, trusted as the main file is (KernelLocker._open): one its
+                # owner may remove would let the next holder lock a fresh file beside ours (a slot twice).
+                owner = must_adopt(dfd, fd)
+                if owner is not None:
+                    os.close(fd)
+                    raise foreign_file_error(os.path.join(head, name), owner)
             except FileNotFoundError:
                 return None
             finally:
@@ -331,16 +338,20 @@ class KernelMechanism:
                 fifo: bool = True, alarm: Alarm | None = None) -> Held | None:
         if not f.fair:
             return self._take(f, mode, slots, wait=True, owned=owned, alarm=alarm)
-        if not _wait(f, META, WR, alarm):
+        meta = _meta(f, alarm)
+        if meta is False:
             return None
         try:
-            ticket = _counter(f)
-            while not f.lock(QUEUE0 + ticket, WR, False):
-                ticket = (ticket + 1) % TICKETS  # a corrupt counter: skip tickets in use rather than share one
-            f.lock(WAITING0 + ticket, WR, False)
-            _pwrite(f.fd, (ticket + 1).to_bytes(8, "little"), COUNTER_AT, f.path)
+            ticket = _claim_ticket(f)
+            if ticket is not None:
+                _pwrite(f.fd, (ticket + 1).to_bytes(8, "little"), COUNTER_AT, f.path)
         finally:
-            f.unlock(META)
+            if meta:
+                f.unlock(META)
+        if ticket is None:
+            # Every ticket tried is held by something that is not a waiter (ranges held by hand in a file a
+            # group member may write): wait on the lock itself, out of order, rather than behind it for good.
+            return self._take(f, mode, slots, wait=True, owned=owned, alarm=alarm)
         if race is not None:
             with race.mutex:
                 if race.abandoned:
@@ -353,10 +364,11 @@ class KernelMechanism:
         held = None
         leaving = False
         try:
-            if ticket:
+            if ticket and f.conflict(QUEUE0 + ticket - 1, WR) is not None:
                 # Two stages, both asleep in the kernel: first until the waiter ahead holds the lock (or
                 # gives up, or dies); then until it lets go, spinning briefly first, so that a short
-                # critical section hands over without a scheduler wake-up on the critical path.
+                # critical section hands over without a scheduler wake-up on the critical path. Only behind a
+                # waiter that holds its ticket: a WAITING range held without one is nobody in line.
                 if not _wait(f, WAITING0 + ticket - 1, RD, alarm):
                     leaving = True
                     return None
@@ -604,6 +616,45 @@ def _spin(f: LockFile, start: int) -> bool:
         if time.monotonic() >= end:
             return False
         os.sched_yield()
+
+
+# META is held for a few syscalls (a ticket's claim); held longer, it is held by hand (a group member may write
+# the file): after this long a waiter claims its ticket without it, which only loosens the order of arrivals
+# racing for one (the claim itself, a non-blocking lock on the ticket's ranges, never gives a ticket twice).
+META_PATIENCE = 0.25
+# Tickets tried in a row before giving up on the line (see _claim_ticket).
+CLAIM_TRIES = 64
+
+
+def _meta(f: LockFile, alarm: Alarm | None) -> bool | None:
+    """Take META: True; False once the alarm has rung; None when it stayed held for META_PATIENCE."""
+    if f.lock(META, WR, False):
+        return True
+    end = time.monotonic() + META_PATIENCE
+    delay = 0.0001
+    while True:
+        if alarm is not None and alarm.rang:
+            return False
+        time.sleep(delay)
+        if f.lock(META, WR, False):
+            return True
+        if time.monotonic() >= end:
+            return None
+        delay = min(delay * 2, 0.01)
+
+
+def _claim_ticket(f: LockFile) -> int | None:
+    """The first ticket from the counter whose QUEUE and WAITING ranges are both free, now ours; None when
+    CLAIM_TRIES in a row were not. A ticket whose WAITING range alone is held is not one anybody queued for
+    (a waiter takes both under META): the waiter behind it would sleep on that range for good."""
+    ticket = _counter(f)
+    for _try in range(CLAIM_TRIES):
+        if f.lock(QUEUE0 + ticket, WR, False):
+            if f.lock(WAITING0 + ticket, WR, False):
+                return ticket
+            f.unlock(QUEUE0 + ticket)
+        ticket = (ticket + 1) % TICKETS  # in use (or a corrupt counter): skip it rather than share one
+    return None
 
 
 def _counter(f: LockFile) -> int:

@@ -21,7 +21,7 @@ import errno
 import os
 import stat
 
-from ..core.holder import Holder
+from ..core.holder import Holder, holds_open
 from ..core.owner import BOOT_ID, HOSTNAME, _Self, is_alive, parse_record, record_prefix
 from .directory import file_error
 
@@ -43,6 +43,43 @@ def _identity() -> str:
     me = _Self.get()
     return "%d~%s~%s~%s~%s~%s" % (me.pid, me.start or "", _BOOT_TAG, _HOST_TAG, _ns_tag(me.pidns),
                                   os.urandom(4).hex())
+
+
+def _open_anywhere(dev: int, ino: int, mine: int = -1) -> bool | None:
+    """Whether any process of this PID namespace has the file open (our descriptor `mine` aside); None when
+    some process's descriptors cannot be read (not root, hidepid): unproven. Reads every /proc/PID/fd: a
+    rare path, taken only for a record whose named process is alive without its file."""
+    from ..core.holder import _open_as
+
+    me = os.getpid()
+    try:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        fds = _open_as(pid, dev, ino)
+        if fds is None:
+            return None
+        if pid == me:
+            fds = [n for n in fds if n != str(mine)]
+        if fds:
+            return True
+    return False
+
+
+def _int(text: object) -> int | None:
+    try:
+        return int(str(text))
+    except ValueError:
+        return None
+
+
+def _id_pid(ident: str) -> tuple | None:
+    """(pid, start time or None) of an id hostlock made (_identity); None for a name it never makes."""
+    parts = ident.split("~")
+    if len(parts) < 5 or not parts[0].isdigit():
+        return None
+    return int(parts[0]), parts[1] or None
 
 
 def _id_alive(ident: str) -> bool | None:
@@ -143,6 +180,58 @@ class RecordMechanism:
         return is_alive(pid, fields.get("start") or None, fields.get("boot") or None,
                         fields.get("host") or None, fields.get("pidns") or None) is False
 
+    def _stale(self, got: tuple, pid: int | None = None, start: str | None = None, mine: int = -1) -> bool:
+        """Not a live holder's file: its process is dead, or (the kernel's word) no process of this host has
+        the file open. Every holder, reader and breaker keeps its file open from before it is published until
+        after it is unlinked, so a record naming a live process (pid 1, root's cron) in a file nobody has
+        open was written by someone else: a planted file, which would otherwise stall the name for good.
+        `pid`, `start`: a reader's, from its name; else the record's. `mine`: our own descriptor of the file
+        (_open_stale's), not counted. Unprovable (a process whose descriptors we cannot read: another user's
+        without root; a record of another host or PID namespace): not stale, as ever."""
+        fields, _ino, file, _why = got
+        if self._dead(fields):
+            return True
+        if file is None or not fields:
+            return False
+        if pid is None:
+            pid, start = _int(fields.get("pid")), fields.get("start")
+        else:
+            start = start or (fields.get("start") if pid == _int(fields.get("pid")) else None)
+        if pid is None or is_alive(pid, start, fields.get("boot"), fields.get("host"),
+                                   fields.get("pidns")) is not True:
+            return False
+        if pid != os.getpid() and holds_open(pid, file[0], file[1]) is not False:
+            return False  # the named process has it (the usual case: one cheap look), or cannot be examined
+        return _open_anywhere(file[0], file[1], mine) is False
+
+    def _open_stale(self, dirfd: int, filename: str, inode: int | None = None) -> int | None:
+        """An open descriptor of `filename` proven stale while it stays open, or None.
+
+        Held open, its inode cannot be reused: if the name still leads to it after the holder was found
+        without it, the holder (who unlinks before it closes) had not let go: it never held it."""
+        try:
+            fd = os.open(filename, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or (inode is not None and st.st_ino != inode):
+                return None
+            got = (parse_record(os.pread(fd, 4096, 0)), st.st_ino, (st.st_dev, st.st_ino, st.st_uid), None)
+            if not self._stale(got, mine=fd):
+                return None
+            try:
+                now = os.stat(filename, dir_fd=dirfd, follow_symlinks=False)
+            except OSError:
+                return None  # released meanwhile
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                return None
+            fd, kept = -1, fd
+            return kept
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
     def _break(self, dirfd: int, directory: str, filename: str, inode: int, shared: bool) -> bool:
         """Remove `filename` if it is still the stale inode; True if removed. Serialised by the guard."""
         base = filename.split("~", 1)[0]
@@ -150,37 +239,52 @@ class RecordMechanism:
         data = record_prefix("guard") + b"\n"
         gfd = self._publish(dirfd, directory, guard, data, shared)
         if gfd is None:
-            got = self._read(dirfd, guard)
-            if got and self._dead(got[0]):
-                self._claim_dead_guard(dirfd, guard, got[1])
+            self._claim_stale_guard(dirfd, guard)
             return False  # someone else is breaking; look again
         try:
-            got = self._read(dirfd, filename)
-            if got is None or got[1] != inode or not self._dead(got[0]):
+            fd = self._open_stale(dirfd, filename, inode)
+            if fd is None:
                 return False
-            # Under the guard nobody else breaks, a dead owner cannot release, and nobody can create the
-            # name while it exists: the path still names the inode we proved stale.
-            os.unlink(filename, dir_fd=dirfd)
+            try:
+                # Under the guard nobody else breaks, and nobody can create the name while it exists: the
+                # path still names the inode we proved stale (held open, it cannot be another's).
+                os.unlink(filename, dir_fd=dirfd)
+            except FileNotFoundError:
+                return False
+            finally:
+                os.close(fd)
             return True
         finally:
-            os.close(gfd)
-            os.unlink(guard, dir_fd=dirfd)
+            # Unlinked while still open: a guard that exists is always open in its breaker (see _stale).
+            try:
+                os.unlink(guard, dir_fd=dirfd)
+            finally:
+                os.close(gfd)
 
-    def _claim_dead_guard(self, dirfd: int, guard: str, inode: int) -> None:
-        claimed = "%s~t~%s" % (guard.split("~", 1)[0], _identity())
-        try:
-            os.rename(guard, claimed, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        except FileNotFoundError:
+    def _claim_stale_guard(self, dirfd: int, guard: str) -> None:
+        """Take away a guard whose breaker died (or that was planted): renamed to a unique name, checked to
+        be the inode proven stale (held open meanwhile), else put back."""
+        fd = self._open_stale(dirfd, guard)
+        if fd is None:
             return
         try:
-            if os.stat(claimed, dir_fd=dirfd, follow_symlinks=False).st_ino != inode:
-                # We moved a live breaker's fresh guard: put it back unless a newer one exists.
-                try:
-                    os.link(claimed, guard, src_dir_fd=dirfd, dst_dir_fd=dirfd, follow_symlinks=False)
-                except FileExistsError:
-                    pass
+            inode = os.fstat(fd).st_ino
+            claimed = "%s~t~%s" % (guard.split("~", 1)[0], _identity())
+            try:
+                os.rename(guard, claimed, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            except OSError:
+                return  # gone meanwhile, or another user's that we may not move
+            try:
+                if os.stat(claimed, dir_fd=dirfd, follow_symlinks=False).st_ino != inode:
+                    # We moved a live breaker's fresh guard: put it back unless a newer one exists.
+                    try:
+                        os.link(claimed, guard, src_dir_fd=dirfd, dst_dir_fd=dirfd, follow_symlinks=False)
+                    except FileExistsError:
+                        pass
+            finally:
+                os.unlink(claimed, dir_fd=dirfd)
         finally:
-            os.unlink(claimed, dir_fd=dirfd)
+            os.close(fd)
 
     def _readers(self, dirfd: int, base: str) -> list:
         prefix = base + "~r~"
@@ -204,10 +308,14 @@ class RecordMechanism:
             # before scanning readers, so at least one of the two sees the other.
             got = self._read(dirfd, base + "~owner")
             if got is not None:
-                if self._dead(got[0]):
+                if self._stale(got):
                     self._break(dirfd, directory, base + "~owner", got[1], shared_dir)
-                os.close(fd)
-                os.unlink(name, dir_fd=dirfd)
+                try:
+                    os.unlink(name, dir_fd=dirfd)  # before the close: a file that exists is open (see _stale)
+                except FileNotFoundError:
+                    pass
+                finally:
+                    os.close(fd)
                 return None
             return RecordHeld(fd, name, None, mode)
         owner = base + "~owner"
@@ -218,12 +326,17 @@ class RecordMechanism:
                 return None
         # We hold the owner file (new readers back off); wait for readers already in to leave.
         for reader in self._readers(dirfd, base):
-            alive = _id_alive(reader.split("~r~", 1)[1])
+            ident = reader.split("~r~", 1)[1]
+            named = _id_pid(ident)
+            alive = _id_alive(ident) if named is not None else False  # a name hostlock never makes: planted
+            if alive and named is not None:
+                got = self._read(dirfd, reader)
+                alive = got is not None and not self._stale(got, *named)
             if alive is False:
                 try:
                     os.unlink(reader, dir_fd=dirfd)
-                except FileNotFoundError:
-                    pass
+                except OSError:
+                    pass  # gone; or planted by a user whose file we may not remove (it holds nothing)
             else:
                 self._pending[owner] = held
                 return None
@@ -239,7 +352,7 @@ class RecordMechanism:
             got = self._read(dirfd, filename)
             if got is None:
                 continue  # released meanwhile: try again at once
-            if not self._dead(got[0]) or not self._break(dirfd, directory, filename, got[1], shared):
+            if not self._stale(got) or not self._break(dirfd, directory, filename, got[1], shared):
                 return None
         return None
 
@@ -287,7 +400,8 @@ class RecordMechanism:
         removed = []
         for fields, _mode, _slot, filename, _file, _planted in self.inspect(dirfd, base)[1]:
             got = self._read(dirfd, filename)
-            if got and self._dead(got[0]):
+            named = _id_pid(filename.split("~r~", 1)[1]) if "~r~" in filename else None
+            if got and self._stale(got, *(named or (None, None))):
                 if filename.startswith(base + "~r~"):
                     try:
                         os.unlink(filename, dir_fd=dirfd)
