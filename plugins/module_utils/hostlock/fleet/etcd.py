@@ -44,6 +44,8 @@ ATTEMPT = 2.5  # at most this long on one member before trying the next (a follo
 _RETRY_CODES = frozenset((1, 4, 14))  # CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE (no leader, stopping)
 _EXHAUSTED = 8  # RESOURCE_EXHAUSTED: "too many requests" passes (etcd sheds load); "database space exceeded" not
 _AUTH_CODES = frozenset((7, 16))  # PERMISSION_DENIED, UNAUTHENTICATED
+MAX_HEAD = 65536  # an answer's head beyond this is not the gateway's (its heads are a few hundred bytes)
+MAX_ANSWER = 8 << 20  # bytes buffered from one member at once (one answer, one watch message)
 NOT_FOUND = 5
 
 
@@ -111,8 +113,14 @@ class Client:
                                        % (url.cacert, _ssl_reason(e))) from None
             if url.cert:
                 try:
-                    ctx.load_cert_chain(url.cert, url.key)
-                except (ssl.SSLError, ValueError) as e:
+                    # password=: OpenSSL would otherwise ask for a key's passphrase on the terminal (a
+                    # command that waits for ever, even with -n) or fail with a bare EINVAL.
+                    ctx.load_cert_chain(url.cert, url.key, password=_no_passphrase)
+                except _Encrypted:
+                    raise FleetConfigError("fleet TLS: key file %s is encrypted (it has a passphrase): hostlock "
+                                           "cannot ask for one; give a key without it, readable by its user only"
+                                           % url.key) from None
+                except (ssl.SSLError, ValueError, OSError) as e:
                     raise FleetConfigError("fleet TLS: cert file %s and key file %s are not a certificate and "
                                            "its private key in PEM (%s)" % (url.cert, url.key, _ssl_reason(e))
                                            ) from None
@@ -258,6 +266,8 @@ class Client:
         else:
             self._keep(i, conn)
         try:
+            if not data and status != 200:
+                raise ValueError("no body")  # etcd's gateway answers every error with JSON
             body = loads(data.decode("utf-8")) if data else {}
         except ValueError:
             # Not the gateway's JSON: a proxy's error page (5xx: ask again), or not etcd's v3 API at all (4xx:
@@ -279,6 +289,7 @@ class Client:
         payload = dumps(body).encode("utf-8")
         deadline = max(deadline, monotonic() + min_try)
         last = "no member tried"
+        refusal = ""  # a member's TLS refusal (see _tls_refused): named in preference to `last`
         delay = 0.02
         authed = False
         while True:
@@ -297,12 +308,13 @@ class Client:
                     status, reply = self._post(i, "/v3/" + path, payload, min(left, attempt), meanwhile)
                     code = _code(reply)
                     if status == 200 and code is None:
-                        if "header" not in reply and "result" not in reply:
+                        wrong = _unshaped(path, reply)
+                        if wrong:
                             # JSON, but not etcd's (every answer of its gateway has a header): another service.
-                            raise self._not_etcd(i, status, path, "JSON without etcd's header")
+                            raise self._not_etcd(i, status, path, wrong)
                         self._next = i
                         return reply
-                    message = _message(reply) or "HTTP %d" % status
+                    message = self._scrub(_message(reply)) or "HTTP %d" % status
                     if reply.get("raw") and status < 500:
                         raise self._not_etcd(i, status, path)
                     if status == 503 or code in _RETRY_CODES or _shedding(status, code, message):
@@ -320,12 +332,15 @@ class Client:
                     transient += 1
                     last = "%s: %s" % (_member(self.endpoints[i]), e)
                 except OSError as e:
-                    transient += not _permanent(e)
+                    if _permanent(e):
+                        refusal = refusal or self._tls_refused(i, e)
+                    else:
+                        transient += 1
                     refused += isinstance(e, ConnectionRefusedError)
                     last = "%s: %s" % (_member(self.endpoints[i]), _oserror(e))
             left = deadline - monotonic()
             if left <= 0 or not transient or (refused_ends and refused == n):
-                raise self._unavailable("etcd unreachable (%s)" % last)
+                raise self._unavailable(refusal or "etcd unreachable (%s)" % last)
             time.sleep(min(delay, left))  # every member failed just now: back off before the next round
             delay = min(delay * 2, 0.5)
 
@@ -341,7 +356,7 @@ class Client:
         try:
             if self.url.user and self._token is None:
                 self._authenticate(i, deadline)
-            conn, _reused = self._conn(i, timeout)
+            conn, reused = self._conn(i, timeout)
         except (_Retry, OSError):
             self._next = (i + 1) % n
             return None
@@ -354,7 +369,7 @@ class Client:
             conn.close()
             self._next = (i + 1) % n
             return None
-        return Pending(conn, i, end)
+        return Pending(conn, i, end, reused)
 
     def two_in_turn(self, path: str, body: dict, then: Callable[[], tuple[str, dict]], deadline: float, sent: list,
                     meanwhile: Meanwhile | None = None,
@@ -381,7 +396,8 @@ class Client:
         None: the caller then does that request (and the second, when the first is None) with call(), whose
         retries, errors and messages are the only ones a caller sees; `meanwhile` too is left to the caller
         when the second was not written. Network failures give None too: nothing is raised but what
-        `meanwhile`, `then` or `between` raise (or a FleetConfigError of the URL's credentials); the member that
+        `meanwhile`, `then` or `between` raise, or a FleetConfigError (a mistake in the URL, found as call()
+        finds it: the member's first answer not etcd's, or the other protocol); the member that
         failed is then asked last, as call() asks the next after a failure (a member that hangs costs one
         attempt's time, not two)."""
         if pending is None:
@@ -391,7 +407,18 @@ class Client:
         n = len(self.endpoints)
         conn, i, end = pending.conn, pending.i, pending.end
         try:
-            first, close = self._clean(*conn.answer(end))
+            first, close = self._clean(*conn.answer(end), mistake=(i, path))
+        except _NotHTTP as e:
+            conn.close()
+            raise self._not_http(i, e.first) from None
+        except (_Silent, ConnectionResetError) as e:
+            # As call() does: a fresh connection ended without a word may be the other protocol (etcd:// to a
+            # TLS member): a mistake in the URL for every command alike, not a member skipped by some.
+            conn.close()
+            if not pending.reused:
+                self._diagnose(i, e, ATTEMPT)
+            self._next = (i + 1) % n
+            return None, None
         except OSError:
             conn.close()
             self._next = (i + 1) % n
@@ -440,13 +467,23 @@ class Client:
             self._keep(i, conn)
         return first, second
 
-    @staticmethod
-    def _clean(status: int, data: bytes, close: bool) -> tuple[dict | None, bool]:
-        """An answer two_in_turn read: (its JSON, whether the connection ends) if a success, else (None, True)."""
+    def _clean(self, status: int, data: bytes, close: bool,
+               mistake: tuple | None = None) -> tuple[dict | None, bool]:
+        """An answer two_in_turn read: (its JSON, whether the connection ends) if a success, else (None, True).
+        `mistake` (member index, path): what call() would take for a mistake in the URL (an answer below HTTP
+        500 that is not etcd's JSON, JSON without etcd's header) raises FleetConfigError, as call() does."""
         try:
+            if not data and status != 200:
+                raise ValueError("no body")
             reply = loads(data.decode("utf-8")) if data else {}
         except ValueError:
+            if mistake is not None and status < 500:
+                raise self._not_etcd(mistake[0], status, mistake[1]) from None
             return None, True
+        if mistake is not None and status == 200 and isinstance(reply, dict) and _code(reply) is None:
+            wrong = _unshaped(mistake[1], reply)
+            if wrong:
+                raise self._not_etcd(mistake[0], status, mistake[1], wrong)
         if status != 200 or not isinstance(reply, dict) or _code(reply) is not None or "header" not in reply:
             return None, True
         return reply, close
@@ -458,6 +495,22 @@ class Client:
         return FleetConfigError("fleet %s: member %s has no etcd v3 gateway (HTTP %d for /v3/%s, %s): is that "
                                 "etcd's client port (2379 by default, not the peer port 2380), etcd 3.4 or later?"
                                 % (self.url.members, _member(self.endpoints[i]), status, path, what))
+
+    def _tls_refused(self, i: int, e: BaseException) -> str:
+        """What a TLS failure that asking again cannot fix says, in one line naming the file to check: the
+        member's certificate against our CA file (or the system's), or our client certificate refused."""
+        member = _member(self.endpoints[i])
+        ssl = sys.modules["ssl"]
+        if isinstance(e, ssl.SSLCertVerificationError):
+            against = ("cacert file %s" % self.url.cacert if self.url.cacert else
+                       "the system's CA certificates (no ?cacert=FILE given)")
+            return "etcd refused TLS: member %s's certificate does not verify against %s: %s" % (
+                member, against, e.verify_message or _ssl_reason(e))
+        reason = _ssl_reason(e)
+        if "ALERT" in reason.upper() and "CERTIFICATE" in reason.upper():
+            mine = "cert file %s" % self.url.cert if self.url.cert else "no client certificate (give cert= and key=)"
+            return "etcd refused TLS: member %s refused our client certificate (%s; %s)" % (member, mine, reason)
+        return "etcd refused TLS: member %s (%s)" % (member, reason)
 
     def _unavailable(self, why: str) -> FleetUnavailable:
         return FleetUnavailable("fleet %s: %s" % (self.url.members, why), endpoints=self.url.members)
@@ -475,12 +528,20 @@ class Client:
         if status == 200 and isinstance(token, str) and token:
             self._token = token
             return
-        message = _message(reply) or "HTTP %d" % status
+        message = self._scrub(_message(reply)) or "HTTP %d" % status
         if status == 503 or _code(reply) in _RETRY_CODES or _shedding(status, _code(reply), message):
             raise _Retry(message)
         if reply.get("raw"):
             raise self._not_etcd(i, status, "auth/authenticate")
         raise self._unavailable("etcd refused user %r (%s)" % (self.url.user, message))
+
+    def _scrub(self, message: str) -> str:
+        """A member's message, unless it repeats a secret of ours (the password, the token, in any of the
+        spellings a JSON echo gives them): a service that echoes requests inside JSON would print it."""
+        for secret in (self.url.password, self._token):
+            if secret and any(form and form in message for form in (secret, dumps(secret)[1:-1])):
+                return "its answer repeats our request, not shown"
+        return message[:200]  # cut after the look: a cut could leave the start of a secret in view
 
 
 class _Silent(ConnectionError):
@@ -498,10 +559,11 @@ class _NotHTTP(ConnectionError):
 class Pending:
     """A request written by Client.send_first() whose answer is still to be read (Client.two_in_turn reads it)."""
 
-    __slots__ = ("conn", "i", "end")
+    __slots__ = ("conn", "i", "end", "reused")
 
-    def __init__(self, conn: _Conn, i: int, end: float) -> None:
+    def __init__(self, conn: _Conn, i: int, end: float, reused: bool = False) -> None:
         self.conn, self.i, self.end = conn, i, end  # the connection, its member's index, the attempt's end
+        self.reused = reused  # a kept-alive connection (one a member may have closed while idle)
 
     def abandon(self) -> None:
         """Its answer will never be read: the connection is closed (never reused with an answer pending)."""
@@ -537,6 +599,9 @@ class _Conn:
                 raise _Silent("connection closed without an answer")
             return False
         self.buf += data
+        if len(self.buf) > MAX_ANSWER:
+            # Not etcd's (a lock's prefix answers in kilobytes): an endless body must not fill the memory.
+            raise ConnectionResetError("an answer of more than %d MiB" % (MAX_ANSWER >> 20))
         return True
 
     def exchange(self, request: bytes, timeout: float,
@@ -560,7 +625,7 @@ class _Conn:
         while True:
             while b"\r\n\r\n" not in self.buf:
                 more = self._more(end, bool(self.buf))
-                if not b"HTTP/".startswith(self.buf[:5]):
+                if not b"HTTP/".startswith(self.buf[:5]) or len(self.buf) > MAX_HEAD:
                     raise _NotHTTP(self.buf[:40])
                 if not more:
                     raise ConnectionResetError("connection closed in the middle of an answer")
@@ -636,8 +701,32 @@ def _shedding(status: int, code: int | None, message: str) -> bool:
 
 
 def _message(reply: dict) -> str:
+    """A member's message, whole: Client._scrub looks for our secrets in it before cutting it."""
     m = reply.get("message") or reply.get("error") or ""
-    return str(m)[:200]
+    return str(m)
+
+
+def _unshaped(path: str, reply: dict) -> str | None:
+    """What makes a successful answer not etcd's, or None. Every answer of etcd's gateway has a header naming
+    the cluster and member (a stream's messages a result), its numbers are strings of digits, its lists are
+    lists of objects: another service's JSON must fail here (78), not deep in the lock as a KeyError (65),
+    nor pass as "no locks"."""
+    if "result" in reply:
+        return None
+    header = reply.get("header")
+    if not isinstance(header, dict) or not any(k in header for k in ("cluster_id", "member_id", "revision")):
+        return "JSON without etcd's header"
+    numbers = [header.get("revision")] + ([reply.get("ID"), reply.get("TTL")] if path == "lease/grant" else [])
+    if path == "lease/grant" and reply.get("ID") is None:
+        return "a lease grant without an ID"
+    for n in numbers:
+        if n is not None and not (isinstance(n, int) or (isinstance(n, str) and n.lstrip("-").isdigit())):
+            return "JSON not shaped as etcd's"
+    for name in ("kvs", "responses"):
+        items = reply.get(name)
+        if items is not None and not (isinstance(items, list) and all(isinstance(x, dict) for x in items)):
+            return "JSON not shaped as etcd's"
+    return None
 
 
 def _member(ep: tuple) -> str:
@@ -661,31 +750,77 @@ def _oserror(e: BaseException) -> str:
 
 def _connect(host: str, port: int, timeout: float) -> socket.socket:
     """socket.create_connection on `_socket`: the `socket` module costs the CLI ~2 ms of imports (enum);
-    ssl, for etcds://, needs a socket.socket and imports that module anyway. The host goes to getaddrinfo
-    as bytes (validated ASCII by the URL's parser): a str would load the idna codec."""
+    ssl, for etcds://, needs a socket.socket and imports that module anyway. The name is looked up within
+    `timeout` (_resolve)."""
+    err: OSError | None = None
+    found = _resolve(host, port, timeout)
+    make: Callable[..., object] = _socket.socket
     if sys.modules.get("ssl") is not None:
         import socket
 
-        try:
-            return socket.create_connection((host, port), timeout=timeout)
-        except UnicodeError:  # idna: an empty or over-long label (the URL's parser refuses those first)
-            raise FleetConfigError("fleet member %r: not a valid host name" % host) from None
-    err: OSError | None = None
-    try:
-        name = host.encode("ascii")
-    except UnicodeError:  # the URL's parser lets none through: a Lock given endpoints some other way
-        raise FleetConfigError("fleet member %r: a host name must be ASCII" % host) from None
-    found = _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM)
+        make = socket.socket
     for family, kind, proto, _name, address in found:
-        sock = _socket.socket(family, kind, proto)
+        sock: socket.socket = make(family, kind, proto)  # type: ignore[assignment]  # _socket's has what is used
         try:
             sock.settimeout(timeout)
             sock.connect(address)
-            return sock  # type: ignore[return-value]  # the methods used here are _socket.socket's
+            return sock
         except OSError as e:
             sock.close()
             err = e
     raise err or OSError("getaddrinfo returned nothing for %s" % host)
+
+
+RESOLVED_FOR = 30.0  # seconds a name's addresses are reused: one lookup per command, not one per connection
+_resolved: dict = {}  # (host, port) -> (monotonic time, getaddrinfo's list)
+
+
+def _resolve(host: str, port: int, timeout: float) -> list:
+    """getaddrinfo, bounded by `timeout`: against a resolver that does not answer, glibc takes 10 s a lookup
+    and a command makes several, so `-n` took 40 s. An address is not looked up; a name is, on a thread of
+    its own (left to finish by itself when the time is up), and kept RESOLVED_FOR. The host goes to getaddrinfo
+    as bytes (validated ASCII by the URL's parser): a str would load the idna codec."""
+    try:
+        name = host.encode("ascii")
+    except UnicodeError:  # the URL's parser lets none through: a Lock given endpoints some other way
+        raise FleetConfigError("fleet member %r: a host name must be ASCII" % host) from None
+    for family in (_socket.AF_INET, _socket.AF_INET6):
+        try:
+            _socket.inet_pton(family, host.split("%", 1)[0])
+        except OSError:
+            continue
+        return _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM)  # an address: nothing to look up
+    now = monotonic()
+    hit = _resolved.get((host, port))
+    if hit is not None and now - hit[0] < RESOLVED_FOR:
+        return hit[1]
+    box: list = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def look() -> None:
+        try:
+            box.append(_socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM))
+        except BaseException as e:  # noqa: BLE001  # handed to the caller
+            box.append(e)
+        finally:
+            done.release()
+
+    import _signal
+
+    # Started with every signal blocked, so none meant for the main thread (a job's, forwarded) lands here.
+    old = _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals())
+    try:
+        _thread.start_new_thread(look, ())
+    finally:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, old)
+    if not done.acquire(True, max(0.001, timeout)):
+        raise _socket.timeout("no answer in time from the name service for %s" % host)
+    got = box[0]
+    if isinstance(got, BaseException):
+        raise got
+    _resolved[(host, port)] = (now, got)
+    return got
 
 
 def _readable(what: str, path: str) -> None:
@@ -705,6 +840,14 @@ def _readable(what: str, path: str) -> None:
             raise FleetConfigError("fleet TLS: %s file %s is not a regular file" % (what, path))
     finally:
         os.close(fd)
+
+
+class _Encrypted(Exception):
+    """The client key has a passphrase (see _no_passphrase)."""
+
+
+def _no_passphrase() -> bytes:
+    raise _Encrypted()
 
 
 def _ssl_reason(e: BaseException) -> str:

@@ -139,7 +139,7 @@ class Watch:
     def _check(self, msg: dict) -> None:
         code = _code(msg)
         if code is not None:
-            message = _message(msg) or "error"
+            message = _message(msg)[:200] or "error"
             if code in _AUTH_CODES:
                 if "auth token" in message:
                     self.client._token = None
@@ -235,7 +235,7 @@ class Watch:
             if msg is None:
                 return None
             if _code(msg) is not None:
-                raise WatchClosed("watch failed: %s" % (_message(msg) or "error"))
+                raise WatchClosed("watch failed: %s" % (_message(msg)[:200] or "error"))
             if msg.get("canceled"):
                 raise WatchClosed("watch cancelled (%s)" % (msg.get("cancel_reason") or "compacted"))
             evs = msg.get("events")
