@@ -208,12 +208,14 @@ import time
 import typing as t
 import uuid
 
+import ansible.constants as C
 from ansible import context
 from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
 from ansible.playbook.block import Block
 from ansible.playbook.task import Task
 from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar, trust_as_template
+from ansible.utils.sentinel import Sentinel
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY, describe_holders
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
@@ -231,6 +233,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors
     describe_error,
     error_exit_code,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.forks import die_with_this_process
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.names import MAX_NAME_LENGTH, name_chars
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
@@ -338,6 +341,34 @@ def plan(hosts: t.Iterable[str], budget: int) -> dict[Key, str]:
     else:
         wanted.update({(bucket, 0, ""): "exclusive" for bucket in by_bucket})
     return wanted
+
+
+def real_work_in_check_mode(play: t.Any) -> str | None:
+    """Why a play run with --check may still change its hosts, or None: a task, block, role or handler
+    with check_mode other than true (false, or a template that may say false), or a dynamic include (its
+    tasks are known only when it runs)."""
+    def forces(obj: t.Any) -> bool:
+        value = getattr(obj, "check_mode", None)
+        return not (value is None or value is True or isinstance(value, type) or value is Sentinel)
+
+    def walk(items: t.Iterable[t.Any]) -> str | None:
+        for item in items or ():
+            if isinstance(item, Block):
+                if forces(item):
+                    return "has a block with check_mode: false"
+                found = walk(item.block) or walk(item.rescue) or walk(item.always)
+                if found:
+                    return found
+            elif isinstance(item, Task):
+                if item.action in C._ACTION_INCLUDE_TASKS + C._ACTION_INCLUDE_ROLE:
+                    return f"includes tasks known only when they run ({item.get_name()!r})"
+                if forces(item):
+                    return f"has a task with check_mode: false ({item.get_name()!r})"
+        return None
+
+    if forces(play):
+        return "has check_mode: false"
+    return walk(play.compile()) or walk(play.handlers) or walk(play.compile_roles_handlers())
 
 
 def _with_marker(env: t.Any, marker: dict) -> list:
@@ -457,6 +488,11 @@ class CallbackModule(CallbackBase):
         except Exception as e:  # noqa: BLE001 - any failure to load a setting must stop the run, not skip us
             self._display.error(f"hostlock.core.serialize: {one_line(str(e))}; no play was run")
             raise _EndRun(EX_USAGE) from None
+        # The workers die with this process: SIGKILLed (or OOM-killed), ansible-playbook cannot end them, and
+        # one busy on the controller (a slow lookup, a transfer) would start its task on a host after the
+        # next run found nothing of this one's there, and began.
+        if not die_with_this_process():
+            self._display.vvv("hostlock.core.serialize: no prctl(2) here: the workers of a SIGKILLed run go on")
 
     # -- output: standard error through Ansible's display; stdout belongs to the stdout callback ----
     def _say(self, msg: str) -> None:
@@ -497,8 +533,13 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
         hosts = self._play_hosts(play)
         if self._check:
-            self._report_busy(hosts)
-            return
+            why = real_work_in_check_mode(play)
+            if why is None:
+                self._report_busy(hosts)
+                return
+            # Those tasks change the hosts for real, --check or not: they are serialized as any run's.
+            self._say(f"[{_clock()}] hostlock.core.serialize: check mode, but play '{play.get_name()}' {why}: "
+                      "locking its hosts as a real run does")
         if self._opt["scope"] == "playbook":
             self._planned.update(hosts)
             hosts = sorted(self._planned)
@@ -519,26 +560,27 @@ class CallbackModule(CallbackBase):
         # what is missing, in order.
         missing = sorted(k for k, mode in wanted.items() if self._held.get(k, (None, None, None))[2] != mode)
         keep = {k for k in self._held if k in wanted and k not in missing and (not missing or k < missing[0])}
+        label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
+        reorder = sorted(k for k in set(self._held) - keep if k in wanted and k not in missing)
+        if reorder and self._take_now(missing, wanted, label):
+            # Locks we hold sort after one we lacked (a later play's host, scope=playbook), and each lacking one
+            # was free: taken without waiting, so out of order is no deadlock, and what we hold stays held.
+            return
+        if reorder:
+            self._say(f"[{_clock()}] hostlock.core.serialize: {len(missing)} lock(s) of play '{play_name}' sort "
+                      f"before {len(reorder)} held since an earlier play and one is busy: releasing those to take "
+                      "every lock in order (another run may work on their hosts in between)")
         for key in sorted(set(self._held) - keep):
             self._release(key)
         missing = sorted(set(wanted) - keep)
-        label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
-        directory = self._opt["directory"]
-        prefix = self._opt["prefix"]
         timeout = self._timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
         for key in missing:
-            bucket, host = key[0], key[2]
-            name = lock_name(prefix, host) if host else bucket_name(prefix, bucket)
-            what = f"host {host}" if host else f"hosts in {name}"
+            name, what = self._lock_name(key)
             started = time.monotonic()
             lock = None
             try:
-                if fleet:
-                    lock = Lock(name, fleet=fleet, ttl=self._opt["ttl"], label=label, mode=wanted[key],
-                                on_lost=lambda *_a, name=name: self._on_lost(name))
-                else:
-                    lock = Lock(name, directory=directory, label=label, mode=wanted[key])
+                lock = self._new_lock(name, wanted[key], label)
                 self._take(lock, what, deadline)
             except ValueError as e:  # a malformed fleet URL or ttl: the command line's usage error
                 self._end_run(f"hostlock.core.serialize: cannot lock {what}: {e}", EX_USAGE)
@@ -551,8 +593,47 @@ class CallbackModule(CallbackBase):
                     lock.close()
                 self._end_run(f"hostlock.core.serialize: cannot lock {what}: {describe_error(e)}", error_exit_code(e))
             self._held[key] = (name, lock, wanted[key], time.monotonic())
-            if host or wanted[key] == "exclusive":  # a shared bucket lock only lets the host locks coexist
-                self._waits.append((host or name, time.monotonic() - started, 0.0))
+            if key[2] or wanted[key] == "exclusive":  # a shared bucket lock only lets the host locks coexist
+                self._waits.append((key[2] or name, time.monotonic() - started, 0.0))
+
+    def _lock_name(self, key: Key) -> tuple[str, str]:
+        """(lock name, how messages name it) of a plan's key."""
+        bucket, host = key[0], key[2]
+        name = lock_name(self._opt["prefix"], host) if host else bucket_name(self._opt["prefix"], bucket)
+        return name, (f"host {host}" if host else f"hosts in {name}")
+
+    def _new_lock(self, name: str, mode: str, label: str) -> Lock:
+        fleet = self._fleet()
+        if fleet:
+            return Lock(name, fleet=fleet, ttl=self._opt["ttl"], label=label, mode=mode,
+                        on_lost=lambda *_a, name=name: self._on_lost(name))
+        return Lock(name, directory=self._opt["directory"], label=label, mode=mode)
+
+    def _take_now(self, keys: list[Key], wanted: dict, label: str) -> bool:
+        """Take every lock of `keys` without waiting; True if all were free (then held), else none is kept."""
+        taken: list[tuple[Key, str, Lock]] = []
+        try:
+            for key in keys:
+                name, _what = self._lock_name(key)
+                lock = self._new_lock(name, wanted[key], label)
+                try:
+                    lock.acquire(timeout=0)
+                except LockTimeout:
+                    lock.close()
+                    raise
+                taken.append((key, name, lock))
+        except (LockTimeout, HostlockError, ValueError, OSError):
+            for _key, _name, lock in taken:
+                lock.release()
+                lock.close()
+            return False
+        for key, name, lock in taken:
+            if key in self._held:  # the same lock in another mode: ours now in the new one
+                self._release(key)
+            self._held[key] = (name, lock, wanted[key], time.monotonic())
+            if key[2] or wanted[key] == "exclusive":
+                self._waits.append((key[2] or name, 0.0, 0.0))
+        return True
 
     def _take(self, lock: Lock, what: str, deadline: float | None) -> None:
         """Take one lock; say whom we wait for; end the run when the deadline passes."""

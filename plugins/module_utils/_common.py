@@ -92,10 +92,19 @@ def engine_message(error: object) -> str:
     return text
 
 
+def directory_params_error(p: dict) -> str | None:
+    """A relative `directory:` (resolved in the module's working directory, Ansible's: another task, another
+    playbook's directory or another connection would lock elsewhere), or None."""
+    d = p.get("directory")
+    if d and not str(d).startswith(("/", "~")):
+        return f"directory must be absolute (got {d!r}): a module's working directory is Ansible's"
+    return None
+
+
 def path_params_error(p: dict) -> str | None:
     """What a `path:` lock cannot do (flock(2) on a file: no slots, no lock directory, no fleet), or None."""
     if not p.get("path"):
-        return None
+        return directory_params_error(p)
     if not str(p["path"]).startswith("/"):
         return f"path must be absolute (got {p['path']!r}): a module's working directory is Ansible's"
     if p.get("fleet"):

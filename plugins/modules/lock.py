@@ -122,7 +122,9 @@ options:
     description:
       - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/hostlock)
         when usable, else a per-user runtime directory; the result says which was used.
-      - Everyone who must exclude each other has to use the same directory.
+      - Everyone who must exclude each other has to use the same directory. It must be absolute (or
+        start with C(~)), because a relative one would name another directory for each task's working
+        directory.
     type: path
   label:
     description:
@@ -618,7 +620,7 @@ class Task(LockTask):
 
     def __init__(self, module: AnsibleModule) -> None:
         p = module.params
-        super().__init__(p, p["name"] or p["path"], module.check_mode)
+        super().__init__(p, p["name"] if p["name"] is not None else p["path"], module.check_mode)
         self.module = module
         self.path: str | None = p["path"]
         self.directory: str | None = p["directory"]

@@ -26,6 +26,8 @@ options:
     description:
       - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/hostlock)
         when usable, else a per-user runtime directory; RV(directory) says which was used.
+      - Absolute (or starting with C(~)). One given that does not exist fails the task, rather than report
+        every lock in it free.
     type: path
   fleet:
     description:
@@ -258,10 +260,13 @@ locks:
       directory: /run/hostlock
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 # First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
 from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
+from ansible_collections.hostlock.core.plugins.module_utils._common import directory_params_error
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     default_directory,
@@ -286,8 +291,17 @@ def main() -> None:
     if module.params["fleet"]:
         module.fail_json(msg="fleet locks are read by the controller (the hostlock.core.lock_info action), never on "
                          "the host: run this module from a task, not on its own")
+    error = directory_params_error(module.params)
+    if error:
+        module.fail_json(msg=f"lock {module.params['name'] or '(every lock)'}: {error}")
+    directory = module.params["directory"]
+    if directory and not os.path.isdir(directory):
+        # A typo would read as "free" (nothing is locked in a directory that is not there): say so instead.
+        module.fail_json(msg=f"lock directory {directory} does not exist (or is not a directory): nothing there "
+                         "can be read; give the module's directory: option the directory the locks use",
+                         directory=directory)
     try:
-        module.exit_json(**collect(module.params["name"], module.params["directory"]))
+        module.exit_json(**collect(module.params["name"], directory))
     except (HostlockError, ValueError) as e:
         module.fail_json(msg=str(e), directory=getattr(e, "directory", None))
 

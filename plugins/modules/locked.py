@@ -84,7 +84,8 @@ options:
     default: 1
   directory:
     description:
-      - The lock directory on the host; default as for M(hostlock.core.lock).
+      - The lock directory on the host; default as for M(hostlock.core.lock). Absolute (or starting
+        with C(~)), as there.
     type: str
   label:
     description:
@@ -116,8 +117,9 @@ options:
           - The module to run, preferably by its FQCN (for example V(ansible.builtin.apt),
             V(ansible.builtin.command)). The play's C(module_defaults) for it apply.
           - Task keywords that the controller runs itself (C(include_tasks), C(meta), C(set_fact),
-            C(debug) and the like) and modules with their own action plugin (except C(command) and
-            C(shell)) cannot be wrapped.
+            C(debug) and the like) cannot be wrapped. Modules with their own action plugin (C(template),
+            C(copy), C(package), C(service), C(script), C(raw)...) can, under a heartbeat lease (see the
+            description).
         type: str
       args:
         description:
@@ -471,7 +473,7 @@ def run(module: AnsibleModule) -> None:
         return [h.as_dict() for h in status(name, directory=directory).holders]
 
     p = module.params
-    name = p["name"] or p["path"]
+    name = p["name"] if p["name"] is not None else p["path"]  # "" is a name, and an empty one
     path_error = path_params_error(p)
     if path_error:
         module.fail_json(msg=f"lock {name}: {path_error}")

@@ -23,10 +23,25 @@ def _start_ticks(pid: int) -> str:
     return start_ticks(pid) or "?"  # not Linux: the pid and host must do
 
 
+def _controller_pid() -> int:
+    """ansible-playbook's pid, from one of its forked workers; AnsibleError when it has died since it forked
+    this worker (SIGKILL, the OOM killer): the worker, left to itself, must start nothing more on a host
+    (its parent is then init or a subreaper, whose pid would name the wrong run and never end)."""
+    import multiprocessing
+
+    pid = os.getppid()
+    parent = multiprocessing.parent_process()  # the worker's parent as forked (3.8+), whatever happened since
+    if parent is not None and parent.pid is not None and parent.pid != pid:
+        from ansible.errors import AnsibleError
+
+        raise AnsibleError(f"ansible-playbook (pid {parent.pid}) is gone: this task of its run is not started")
+    return pid
+
+
 def run_id() -> str:
     """A short stable id for this ansible-playbook process, computed in its forked workers."""
     # Task workers are forked by the ansible-playbook process: from a worker, the run is the parent.
-    pid = os.getppid()
+    pid = _controller_pid()
     seed = f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
     return hashlib.sha256(seed.encode()).hexdigest()[:12]
 
@@ -37,7 +52,7 @@ LOCAL_TRANSPORTS = ("local", "ansible.builtin.local", "ansible.legacy.local")
 
 def controller_process() -> str:
     """The ansible-playbook process as "PID:START" (start time in clock ticks), computed in a forked worker."""
-    pid = os.getppid()
+    pid = _controller_pid()
     return f"{pid}:{_start_ticks(pid)}"
 
 

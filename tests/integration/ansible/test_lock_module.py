@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import hostlock_cli
+from harness import PLAYBOOKS, hostlock_cli
 
 CONFLICT = 75  # hostlock run's exit status when the lock is busy
 
@@ -202,3 +202,30 @@ def test_leases_durations_renewal_wrong_secret_and_own_run(ansible, engine):
     assert (ansible.work / "block-events").read_text().split() == ["block", "included"]
     for name in ("lease-one", "group-lock", "group-once", "block-lock"):
         assert not [h for h in engine.holders(name, directory=str(ansible.lockdir)) if not h.stale], name
+
+
+def test_a_relative_or_missing_directory_is_named_not_used(ansible):
+    """`directory: relative` was resolved in the module's working directory (the playbook's, a login's home
+    over SSH): tasks from two directories never excluded each other. lock_info on a directory that does not
+    exist said every lock was free."""
+    playbook = ansible.work / "reldir.yml"
+    playbook.write_text(
+        "- hosts: loc\n  gather_facts: false\n  tasks:\n"
+        "    - name: Lock\n      hostlock.core.lock: {name: x, lease: 5, directory: relative}\n"
+        "      ignore_errors: true\n"
+        "    - name: Locked\n      hostlock.core.locked:\n        name: x\n        directory: relative\n"
+        "        task: {ansible.builtin.command: 'true'}\n      ignore_errors: true\n"
+        "    - name: Info\n      hostlock.core.lock_info: {name: x, directory: relative}\n      ignore_errors: true\n"
+        "    - name: Info elsewhere\n      hostlock.core.lock_info: {name: x, directory: /nonexistent/hostlock}\n"
+        "      ignore_errors: true\n"
+        "    - name: Empty name\n      hostlock.core.locked:\n        name: ''\n"
+        "        task: {ansible.builtin.command: 'true'}\n      ignore_errors: true\n"
+    )
+    run = ansible.play(str(playbook))
+    r = {task: hosts["loc"] for task, hosts in run.results().items()}
+    for task in ("Lock", "Locked", "Info"):
+        assert r[task]["_status"] == "failed" and "directory must be absolute (got 'relative')" in r[task]["msg"], r
+    assert not (ansible.work / "relative").exists() and not (PLAYBOOKS / "relative").exists()
+    assert r["Empty name"]["_status"] == "failed" and "lock name is empty" in r["Empty name"]["msg"], r["Empty name"]
+    info = r["Info elsewhere"]
+    assert info["_status"] == "failed" and "lock directory /nonexistent/hostlock does not exist" in info["msg"], info

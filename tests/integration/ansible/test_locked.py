@@ -257,3 +257,29 @@ def _pids_matching(needle: bytes) -> list[int]:
 
 def _live(engine, name, ansible):
     return [h for h in engine.holders(name, directory=str(ansible.lockdir)) if not h.stale]
+
+
+def test_a_locked_task_of_a_killed_run_is_never_started(ansible, tmp_path):
+    """Without the serialize callback a SIGKILLed run's worker goes on: a locked task whose lookup was still
+    running took the run's pid from its parent, by then init, so it waited for the lock and ran for a run
+    that had died. The worker now sees ansible-playbook is gone and starts nothing."""
+    log, gate, seen = tmp_path / "orphan.log", tmp_path / "gate", tmp_path / "seen"
+    log.touch()
+    run = ansible.popen("locked_slow_lookup.yml", extra_vars=dict(log=str(log), gate=str(gate), seen=str(seen)))
+    try:
+        _wait_for(seen.exists, what="the worker's lookup to start")
+        worker, _lookup = (int(x) for x in seen.read_text().split())
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(60)
+        gate.touch()  # the lookup ends: the orphaned worker goes on to the locked action
+        _wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
+                  open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[0] == "Z",
+                  what="the orphaned worker to end", limit=60)
+    finally:
+        gate.touch()
+        try:
+            os.killpg(run.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        run.communicate(timeout=30)
+    assert "A loc start" not in log.read_text(), log.read_text()

@@ -605,3 +605,75 @@ def test_the_runs_own_earlier_work_is_waited_for_and_shown_inert(ansible):
     assert proc.returncode == 0, out
     (line,) = [x for x in out.splitlines() if f"waiting for pid {left.pid}" in x]
     assert "\x1b" not in out and "\r" not in line and "?[2J?[Hfake?line" in line, repr(line)
+
+
+def test_a_killed_runs_worker_never_starts_its_task_after_the_run_died(ansible):
+    """SIGKILL ends ansible-playbook, not its workers: one busy on the controller (here a lookup that waits
+    for a gate) went on and started its task on the host after the run had died, and after the next run
+    had found nothing of it there and begun: an overlap. The workers now die with ansible-playbook."""
+    log, gate, seen = ansible.work / "orphan.log", ansible.work / "gate-lookup", ansible.work / "seen"
+    log.touch()
+    run = ansible.popen("serialized_slow_lookup.yml", extra_vars=dict(pattern="loc", tag="A", log=str(log),
+                                                                      gate=str(gate), seen=str(seen)),
+                        **_env(ansible))
+    try:
+        _wait_for(seen.exists, what="the worker's lookup to start", proc=run)
+        worker, lookup = (int(x) for x in seen.read_text().split())
+        os.kill(run.pid, signal.SIGKILL)  # ansible-playbook alone, as the OOM killer would
+        run.wait(60)
+        _wait_for(lambda: not Path(f"/proc/{worker}").exists() or
+                  Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z",
+                  timeout=30, what="the killed run's worker to die with it")
+        gate.touch()  # the lookup (an orphan now) ends; a living worker would go on to the task
+        _wait_for(lambda: not Path(f"/proc/{lookup}").exists(), timeout=30, what="the lookup to end")
+    finally:
+        gate.touch()
+        _reap(run)
+    assert "A loc start" not in log.read_text(), log.read_text()
+
+
+def test_scope_playbook_keeps_its_hosts_when_a_later_play_adds_one_that_sorts_first(ansible, engine):
+    """A host known only when its play starts (its pattern is a fact) whose lock sorts before those held:
+    the run released what it held, to take every lock in order, and a waiting run got in between two plays.
+    A lock that is free is now taken out of order (no wait, so no deadlock), and nothing held is let go."""
+    log, gate = ansible.work / "late.log", ansible.work / "gate-late"
+    log.touch()
+    first = ansible.popen("late_host.yml", extra_vars=dict(tag="A", log=str(log), gate=str(gate)),
+                          **_env(ansible, HOSTLOCK_SERIALIZE_SCOPE="playbook"))
+    second = None
+    try:
+        _wait_for(lambda: bool(_procs_with_arg(b"hold")), what="run A to hold loc2 in its first play", proc=first)
+        second = _start(ansible, "loc2", "B", log)
+        _wait_for(lambda: _waiting_for(engine, ansible, "loc2"), what="run B to wait for loc2", proc=second)
+        gate.touch()
+        out_a, out_b = _finish(first), _finish(second)
+    finally:
+        gate.touch()
+        _reap(first)
+        if second is not None:
+            _reap(second)
+    assert first.returncode == 0 and second.returncode == 0, out_a + out_b
+    lines = log.read_text().split("\n")
+    third = next(i for i, line in enumerate(lines) if line.startswith("A loc2 third"))
+    b_start = next(i for i, line in enumerate(lines) if line.startswith("B loc2 start"))
+    assert third < b_start, log.read_text()
+    assert "releasing those to take every lock in order" not in out_a, out_a
+
+
+def test_check_mode_locks_a_play_that_changes_hosts_for_real(ansible):
+    """--check took no lock, but a task with check_mode: false runs for real: it ran on a host another run
+    was working on. Such a play is now locked as a real run's (here: fail_fast, so it gives up, 75)."""
+    log, gate = ansible.work / "check-real.log", ansible.work / "gate-a"
+    log.touch()
+    first = _start(ansible, "loc", "A", log, gate)
+    try:
+        _wait_for(lambda: "A loc start" in log.read_text(), what="run A to start its task", proc=first)
+        checked = ansible.play("check_mode_false.yml", "--check",
+                               extra_vars=dict(pattern="loc", tag="C", log=str(log)),
+                               **_env(ansible, HOSTLOCK_SERIALIZE_FAIL_FAST="true"))
+    finally:
+        gate.touch()
+        _reap(first)
+    assert checked.rc == BUSY, checked.out
+    assert "check mode, but play 'Work for real, even under --check' has a task with check_mode: false" in checked.out
+    assert "C loc start" not in log.read_text(), log.read_text()

@@ -42,6 +42,7 @@ import time
 
 from ..core import forks, procstat
 from ..core import oslite as os
+from ..core.forks import prctl_function as _prctl
 from ..core.signals import ENDING, FORWARDED
 from ..core.signals import name as _signame
 from . import common as c
@@ -161,37 +162,6 @@ def new_group_for(mode: str) -> bool:
     """--process-group MODE as a decision: auto = a group of its own unless we are a terminal's foreground
     job (there the job must stay in the foreground group to read the terminal and get its Ctrl-C)."""
     return mode == "new" or (mode == "auto" and not _in_terminal_foreground())
-
-
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl(2) as a callable, or None. Made before the fork, by hostlock: imported in the job's process,
-    _ctypes would cost it ~1 ms of copy-on-write faults (twice the import's own time), taken from etcd's CPU
-    on a machine with few cores while a fleet lock's requests are on their way.
-
-    `_ctypes` directly: `import ctypes` costs ~4 ms more.
-    """
-    try:
-        import _ctypes
-
-        class _Int(_ctypes._SimpleCData):
-            _type_ = "i"
-
-        class _Func(_ctypes.CFuncPtr):
-            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-            _restype_ = _Int
-
-        class _Self:
-            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type] # dlopen(NULL): the main program; typeshed wants a path
-
-        return _Func(("prctl", _Self()))  # type: ignore[arg-type] # CFuncPtr reads only _handle: no CDLL needed
-    except Exception:
-        pass
-    try:  # the documented way, should the private one ever change
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except Exception:
-        return None
 
 
 def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int] | None, gate: int,
