@@ -439,6 +439,34 @@ def test_symlink_planted_by_another_user_in_sticky_dir_is_refused(launcher, tmp_
     assert target.exists()
 
 
+def test_another_users_file_in_a_sticky_directory_is_refused(launcher, tmp_path):
+    """Another user's regular file in a sticky directory others can write (/tmp): its owner may remove it and
+    create another while we hold this one, and the next locker then locks that one beside us (two holders;
+    util-linux flock(1) too, where fs.protected_regular is 0). Refused, exit 66, one line; our own file and
+    one of the directory's owner are locked as ever."""
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "lock").write_text("")
+    os.chown(sticky / "lock", 65534, 65534)  # as if user nobody had made it first
+    side = Side("hostlock", launcher, sticky)
+    r = side.run(["FILE", "true"])
+    try:
+        protected = Path("/proc/sys/fs/protected_regular").read_text().strip() != "0"
+    except OSError:
+        protected = False
+    # Where fs.protected_regular is set the kernel refuses the open itself (EACCES), as it does flock(1)'s.
+    said = "belongs to uid 65534, in a sticky directory" in r.stderr or (protected and "ermission denied" in r.stderr)
+    assert r.returncode == 66 and said and r.stderr.count("\n") == 1, r
+    os.chown(sticky / "lock", 0, 0)
+    assert side.run(["FILE", "true"]).returncode == 0
+    private = tmp_path / "private"  # not sticky, not writable by others: its files' owners are trusted as ever
+    private.mkdir()
+    (private / "lock").write_text("")
+    os.chown(private / "lock", 65534, 65534)
+    assert Side("hostlock", launcher, private).run(["FILE", "true"]).returncode == 0
+
+
 def test_lock_file_is_never_written(launcher, tmp_path):
     """Locking opens without O_TRUNC and writes nothing, with flock(2) or an exclusive --fcntl lock (which
     opens the file write-only, as flock(1) does)."""

@@ -35,6 +35,24 @@ def _open(path: str, flags: int, mode: int) -> int:
         raise LockFileError(str(exc), path=path, errno=errno.ELOOP) from None
 
 
+def _replaceable(path: str, st: os.stat_result) -> str | None:
+    """Why a lock on this file would not hold, or None: another user's file in a sticky directory others can
+    write (/tmp). Its owner may remove it, sticky bit or not, and create another under the name while we
+    hold this one: the next locker locks that one, beside us. fs.protected_regular refuses the same open
+    (O_CREAT), and so flock(1), where it is set; hostlock refuses it wherever it is not."""
+    if not stat.S_ISREG(st.st_mode) or st.st_uid in (os.geteuid(), 0):
+        return None
+    try:
+        dst = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return None
+    if not dst.st_mode & stat.S_ISVTX or not dst.st_mode & 0o022 or st.st_uid == dst.st_uid:
+        return None
+    return ("it belongs to uid %d, in a sticky directory others can write: its owner could remove it and make "
+            "another while we hold this one (two holders); refused, as fs.protected_regular refuses this open. "
+            "Lock a file of your own, or one in a directory only its users can write" % st.st_uid)
+
+
 def open_path(path: str, flags: int) -> tuple[int, int]:
     """Open `path` as flock(1) does; returns (fd, flags used). Raises OSError, or LockFileError for a FIFO
     or a symlink another user could have planted in any component of the path (host.safepath: flock(1)
@@ -46,9 +64,14 @@ def open_path(path: str, flags: int) -> tuple[int, int]:
         # Linux refuses O_CREAT on a directory; POSIX allows neither O_RDWR nor O_WRONLY there.
         fl = os.O_RDONLY | os.O_NOCTTY
         fd = _open(path, fl | os.O_NONBLOCK, 0)
-    if stat.S_ISFIFO(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if stat.S_ISFIFO(st.st_mode):
         os.close(fd)
         raise LockFileError("it is a FIFO (refused: opening it would block)", path=path, errno=errno.ENXIO)
+    why = _replaceable(path, st)
+    if why:
+        os.close(fd)
+        raise LockFileError(why, path=path, errno=errno.EACCES)
     # Whoever inherits this open file description must not see the O_NONBLOCK added for the open.
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd, fl
