@@ -564,7 +564,10 @@ class CallbackModule(CallbackBase):
         reorder = sorted(k for k in set(self._held) - keep if k in wanted and k not in missing)
         if reorder and self._take_now(missing, wanted, label):
             # Locks we hold sort after one we lacked (a later play's host, scope=playbook), and each lacking one
-            # was free: taken without waiting, so out of order is no deadlock, and what we hold stays held.
+            # was free: taken without waiting, so out of order is no deadlock, and what we hold stays held; what
+            # this play does not want goes, as ever.
+            for key in sorted(set(self._held) - set(wanted)):
+                self._release(key)
             return
         if reorder:
             self._say(f"[{_clock()}] hostlock.core.serialize: {len(missing)} lock(s) of play '{play_name}' sort "

@@ -33,9 +33,13 @@ def _held(cb) -> list:
 def test_locks_follow_the_plays_in_sorted_order(callback):
     callback._lock_hosts(["b", "c"], "one")
     assert _held(callback) == ["b", "c"]
-    # a new host sorting below held ones: release them and take all in order (no deadlock)
+    # a new host sorting below held ones, free: taken at once out of order (no wait, so no deadlock); b kept,
+    # c (not in this play) released
     callback._lock_hosts(["a", "b"], "two")
     assert _held(callback) == ["a", "b"]
+    other = hostlock.Lock("ansible-host@c", directory=callback.lockdir)
+    other.acquire(timeout=0)  # c was released
+    other.release()
     callback._lock_hosts(["a"], "three")
     assert _held(callback) == ["a"]
     free = hostlock.Lock("ansible-host@b", directory=callback.lockdir)
@@ -43,6 +47,15 @@ def test_locks_follow_the_plays_in_sorted_order(callback):
     free.release()
     callback.v2_playbook_on_stats(None)
     assert _held(callback) == []
+
+
+def test_a_busy_host_sorting_below_held_ones_releases_them_and_takes_all_in_order(callback, capsys):
+    callback._lock_hosts(["b", "c"], "one")
+    with hostlock.Lock("ansible-host@a", directory=callback.lockdir, label="other run"):
+        with pytest.raises(SystemExit) as ended:  # a is busy: release b and c, then wait for a (timeout 1 s)
+            callback._lock_hosts(["a", "b"], "two")
+    assert ended.value.code == 75 and _held(callback) == []
+    assert "releasing those to take every lock in order" in capsys.readouterr().err
 
 
 def test_busy_host_ends_the_run_after_the_timeout(callback, capsys):
