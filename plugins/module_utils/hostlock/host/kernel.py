@@ -603,15 +603,15 @@ def _may_barge(fd: int) -> bool:
     return not since or time.monotonic_ns() - since < BARGE_WINDOW_NS
 
 
-def _spin(f: LockFile, start: int) -> bool:
-    """Try a read lock on `start` for up to SPIN_SECONDS without sleeping in the kernel; True if taken.
+def _spin(f: LockFile, start: int, kind: int = RD) -> bool:
+    """Try a `kind` lock on `start` for up to SPIN_SECONDS without sleeping in the kernel; True if taken.
 
     nginx's ngx_shmtx does the same: a brief spin catches a release that is about to happen, and yielding
     between tries leaves the CPU to the holder if it shares ours.
     """
     end = time.monotonic() + SPIN_SECONDS
     while True:
-        if f.lock(start, RD, False):
+        if f.lock(start, kind, False):
             return True
         if time.monotonic() >= end:
             return False
@@ -627,8 +627,9 @@ CLAIM_TRIES = 64
 
 
 def _meta(f: LockFile, alarm: Alarm | None) -> bool | None:
-    """Take META: True; False once the alarm has rung; None when it stayed held for META_PATIENCE."""
-    if f.lock(META, WR, False):
+    """Take META: True; False once the alarm has rung; None when it stayed held for META_PATIENCE. Spun for
+    first, as a queue range is (_spin): held for a few syscalls, it is usually free again within that."""
+    if _spin(f, META, WR):
         return True
     end = time.monotonic() + META_PATIENCE
     delay = 0.0001
