@@ -12,7 +12,9 @@ line would be missing. Timestamps (each line's own `date +%s.%N`) prove no overl
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -182,6 +184,40 @@ LEASE_CELLS = [(conn, pipelining, how) for conn in ("local", "ssh") for pipelini
                for how in ("ctrl-c", "sigterm", "sigkill") if not (how == "sigkill" and conn == "ssh")]
 
 
+def _getfd(pid: int, fd: int) -> int:
+    """A copy of process `pid`'s descriptor `fd` (pidfd_getfd(2), Linux 5.6; root may take any)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    try:
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd, the same number on every architecture
+        if got < 0:
+            raise OSError(ctypes.get_errno(), f"pidfd_getfd({pid}, {fd})")
+        return got
+    finally:
+        os.close(pidfd)
+
+
+def _reader_gone(cell: str) -> bool:
+    """Whether the waiting module's stdout has lost its reader, judged as the module itself does
+    (_runner.controller_gone: POLLHUP or POLLERR) on a copy of that very descriptor; True once it has ended.
+    The module is the marked process whose stdout is not /dev/null (its lease holders' is)."""
+    for pid in _marked(cell):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/1") == os.devnull:
+                continue
+            fd = _getfd(pid, 1)
+        except OSError:  # it ended meanwhile
+            continue
+        try:
+            p = select.poll()
+            p.register(fd, select.POLLERR | select.POLLHUP)
+            if not any(ev & (select.POLLERR | select.POLLHUP) for _fd, ev in p.poll(0)):
+                return False
+        finally:
+            os.close(fd)
+    return True
+
+
 def _session(sid: int) -> list[int]:
     """The processes of session `sid` (ansible-playbook's, see conftest's popen): its workers, their ssh."""
     found = []
@@ -229,6 +265,10 @@ def test_lock_lease_task_killed_mid_wait_leaves_no_lease(ansible, engine, tmp_pa
         proc.communicate(timeout=120)
         if how != "sigkill":  # after kill -9 the worker lives on, reading the module's stdout
             _wait_for(lambda: not _session(proc.pid), "the run's workers and their connections to end")
+            # The run's processes are gone, but over SSH its connection closes on the host only once ssh's
+            # ControlPersist master (it outlives runs) and sshd have passed the news on: a lock that comes free
+            # before then is answered to nobody, the one window docs/ansible.md says no design closes.
+            _wait_for(lambda: _reader_gone(cell), "the host to see the controller's connection close")
         hold_gate.touch()  # the lock comes free while the task's waiting slice still runs
         assert holder.wait(timeout=60) == 0
         # the module, and any lease holder it started, end: nobody is left to release a lease later
