@@ -84,20 +84,17 @@ def _id_pid(ident: str) -> tuple | None:
 
 def _id_alive(ident: str) -> bool | None:
     """Liveness from an id embedded in a file name: no need to read (or trust) the file's content."""
-    parts = ident.split("~")
-    if len(parts) < 5:
+    named = _id_pid(ident)
+    if named is None:
         return None
+    parts = ident.split("~")
     if len(parts) >= 6 and parts[4] and parts[4] != _ns_tag(_Self.get().pidns):
         return None  # another PID namespace: its pid cannot be looked up here
-    try:
-        pid = int(parts[0])
-    except ValueError:
-        return None
     if parts[3] and _HOST_TAG and parts[3] != _HOST_TAG:
         return None
     if parts[2] and _BOOT_TAG and parts[2] != _BOOT_TAG:
         return False
-    return is_alive(pid, parts[1] or None, None, None)
+    return is_alive(named[0], named[1], None, None)
 
 
 class RecordHeld:
