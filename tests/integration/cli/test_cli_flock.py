@@ -14,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,32 @@ CASES = [
     ("wait-free", ["--timeout", "1.5", "FILE", "true"], 0, "", "--timeout is a wait, fractions allowed"),
     ("verbose", ["--verbose", "FILE", "true"], 0, "out", "--verbose chatter goes to stdout"),
     ("dash-dash", ["--", "FILE", "true"], 0, "", "'--' ends the options"),
+    ("script-without-shebang", ["FILE", "SCRIPT", "a"], 0, "out", "a file without #! runs through /bin/sh (execvp(3))"),
+    ("no-fork-script-without-shebang", ["-F", "FILE", "SCRIPT"], 0, "out", "the same with -F"),
+    ("empty-command-name", ["FILE", ""], 69, "err", "an empty command name: failed to execute"),
+    ("no-fork-empty-command-name", ["-F", "FILE", ""], 69, "err", "the same with -F"),
+    ("wait-past-the-timer", ["-w", "1e10", "FILE", "true"], 0, "", "a wait longer than any timer waits without end"),
+    ("wait-near-time_t-end", ["-w", "1e18", "FILE", "true"], 0, "", "still a wait without end"),
+    ("wait-past-time_t", ["-w", "1e19", "FILE", "true"], 71, "err", "no timer past time_t: cannot set up timer"),
+    ("wait-infinite", ["-w", "inf", "FILE", "true"], 71, "err", "nor for inf"),
+    ("wait-nan", ["-w", "nan", "FILE", "true"], 71, "err", "nor for nan"),
+    ("wait-hex", ["-w", "0x1p-3", "FILE", "true"], 0, "", "strtod's hex floats"),
+    ("wait-leading-space", ["-w", " 1", "FILE", "true"], 0, "", "strtod skips leading space"),
+    ("wait-trailing-space", ["-w", "1 ", "FILE", "true"], 64, "err", "but not trailing space"),
+    ("wait-underscore", ["-w", "1_0", "FILE", "true"], 64, "err", "no '_' between digits (Python's float takes it)"),
+    ("wait-non-ascii-digit", ["-w", "\u0665", "FILE", "true"], 64, "err", "no digits but ASCII ones"),
+    ("conflict-code-underscore", ["-E", "1_0", "FILE", "true"], 64, "err", "invalid exit code"),
+    ("conflict-code-trailing-space", ["-E", "5 ", "FILE", "true"], 64, "err", "invalid exit code"),
+    ("conflict-code-overflow", ["-E", "99999999999999999999", "FILE", "true"], 64, "err", "out of range"),
+    ("fd-trailing-space", ["9 "], 64, "err", "bad file descriptor"),
+    ("fd-underscore", ["1_0"], 64, "err", "bad file descriptor (not fd 10)"),
+    ("fd-overflow", ["2147483648"], 64, "err", "numerical result out of range"),
 ]
+
+# Cases whose every word must match flock(1)'s too (stdout, and stderr after the program's name).
+SAME_WORDS = [c[0] for c in CASES if c[0].startswith(("script-", "no-fork-script", "empty-", "no-fork-empty", "wait-",
+                                                          "conflict-code-", "fd-", "cannot-execute",
+                                                          "negative-wait", "bad-wait"))]
 
 # (id, holder's options, contender's options, contender's expected exit code, streams of the contender).
 CONFLICTS = [
@@ -91,7 +117,8 @@ class Side:
         self.env.pop("PYTHONPATH", None)
 
     def words(self, args):
-        sub = {"FILE": str(self.tmp / "lock"), "DIR": str(self.tmp), "BADDIR": str(self.tmp / "missing")}
+        sub = {"FILE": str(self.tmp / "lock"), "DIR": str(self.tmp), "BADDIR": str(self.tmp / "missing"),
+               "SCRIPT": str(self.tmp / "script")}
         out = []
         for a in args:
             for k, v in sub.items():
@@ -125,14 +152,31 @@ def procs():
             p.wait()
 
 
+def _script(tmp: Path) -> None:
+    """SCRIPT: an executable without #!, which execvp(3) hands to /bin/sh."""
+    script = tmp / "script"
+    script.write_text('echo "no #! ran as $0 with $#"\n')
+    script.chmod(0o755)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_same_exit_code_and_streams(case, launcher, tmp_path):
-    """flock(1) and hostlock flock agree on the exit code and on which streams they write to."""
+    """flock(1) and hostlock flock agree on the exit code and on which streams they write to, and where
+    flock(1)'s words are the contract (SAME_WORDS), on every word after the program's name."""
     _id, args, code, streams, _what = case
+    _script(tmp_path)
+    said = {}
     for tool in TOOLS:
         side = Side(tool, launcher, tmp_path)
         r = side.run(args)
         assert (r.returncode, _streams(r)) == (code, streams), (tool, r.stdout, r.stderr)
+        prefix = "flock: " if tool == "flock" else "hostlock flock: "
+        if tool == "hostlock":  # docs/cli.md: every message starts so (a `grep 'flock: '` still matches)
+            assert all(line.startswith(prefix) for line in r.stderr.splitlines()), r.stderr
+        said[tool] = (r.stdout, [line[len(prefix):] if line.startswith(prefix) else line
+                                 for line in r.stderr.splitlines()])
+    if _id in SAME_WORDS:
+        assert said["hostlock"] == said["flock"]
 
 
 @pytest.mark.parametrize("holder", TOOLS)
@@ -467,6 +511,62 @@ def test_another_users_file_in_a_sticky_directory_is_refused(launcher, tmp_path)
     assert Side("hostlock", launcher, private).run(["FILE", "true"]).returncode == 0
 
 
+@pytest.mark.parametrize("layout", ["world-writable", "another-users", "group-root-is-not-in", "root-link-into-it"])
+def test_root_refuses_a_file_in_a_directory_another_user_can_change(layout, launcher, tmp_path):
+    """A directory where someone but root may remove and re-create the file (without a sticky bit that stops
+    them): while root holds the lock on one inode, the next root locker would lock the new one, beside it.
+    Refused, exit 66, one line, the command not run, as for /tmp above; `run --path` opens the same way. A
+    root link into such a directory is judged by where it leads."""
+    d = tmp_path / "d"
+    d.mkdir()
+    path = d / "lock"
+    if layout == "world-writable":
+        d.chmod(0o777)
+    elif layout == "another-users":
+        os.chown(d, 65534, 65534)
+    elif layout == "group-root-is-not-in":
+        os.chown(d, 0, 65534)
+        d.chmod(0o775)
+    else:
+        os.chown(d, 65534, 65534)
+        path = tmp_path / "link"
+        path.symlink_to(d / "lock")
+    side = Side("hostlock", launcher, tmp_path)
+    for words in (["flock", str(path)], ["run", "--path", str(path)]):
+        r = subprocess.run([str(launcher), *words, "touch", str(tmp_path / "ran")], capture_output=True, text=True,
+                           timeout=60, check=False, env=side.env)
+        assert r.returncode == 66 and r.stderr.count("\n") == 1 and "two holders" in r.stderr, (words, r)
+        assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize("layout", ["root-0755", "root-sticky-own-file", "group-root", "nobody-in-its-own"])
+def test_directories_nobody_else_can_change_are_locked_as_ever(layout, launcher, tmp_path):
+    """The other side of the rule: root's own directories (group root may write: root is in it), its own file
+    in a sticky directory, and another user in a directory of their own."""
+    from engine_helpers import LIB, NOBODY
+
+    top = Path(tempfile.mkdtemp(prefix="hostlock-flock-", dir="/tmp"))  # reachable by uid 65534, unlike tmp_path
+    try:
+        top.chmod(0o755)
+        d = top / "d"
+        d.mkdir()
+        argv = [str(launcher), "flock", str(d / "lock"), "true"]
+        if layout == "root-sticky-own-file":
+            d.chmod(0o1777)
+        elif layout == "group-root":
+            d.chmod(0o775)
+        elif layout == "nobody-in-its-own":
+            os.chown(d, NOBODY, NOBODY)
+            code = ("import sys; sys.path.insert(0, sys.argv[1]); from hostlock.cli import main; "
+                    "sys.exit(main(sys.argv[2:]))")
+            argv = ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", "/usr/bin/python3",
+                    "-I", "-c", code, LIB, "flock", str(d / "lock"), "true"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, cwd="/")
+        assert r.returncode == 0, r.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_lock_file_is_never_written(launcher, tmp_path):
     """Locking opens without O_TRUNC and writes nothing, with flock(2) or an exclusive --fcntl lock (which
     opens the file write-only, as flock(1) does)."""
@@ -482,3 +582,55 @@ def test_docs_table_is_current():
     made = subprocess.run([sys.executable, str(ROOT / "tools" / "flock_table.py")], capture_output=True,
                           text=True, check=True).stdout
     assert made.strip() in (ROOT / "docs" / "cli.md").read_text(), "run tools/flock_table.py --write"
+
+
+@pytest.mark.parametrize("tool,extra", [("flock", []), ("hostlock", []), ("hostlock", ["--process-group", "new"])],
+                         ids=["flock", "hostlock", "hostlock-new-group"])
+def test_sigint_to_the_callers_group_stops_the_calling_loop(tool, extra, launcher, tmp_path):
+    """`kill -INT -- -PGID` of a script looping over flock (a supervisor, a test harness; not a terminal):
+    flock(1) dies of the SIGINT, so bash stops the loop ("wait and cooperative exit"). hostlock forwards it,
+    and once the command has died of it, dies of SIGINT too: exiting 130 would let the loop go on."""
+    words = " ".join(extra)
+    script = (f'for i in 1 2; do flock {words} lock sh -c "echo started \\$0; exec cat >/dev/null" $i; '
+              'echo "ended $i rc=$?"; done; echo loop-finished')
+    p = _bash(script, launcher, tool, tmp_path, start_new_session=True)
+    try:
+        assert p.stdout.readline() == "started 1\n"
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "started 2" not in out and "loop-finished" not in out, (out, err)
+    assert p.returncode == -signal.SIGINT, (p.returncode, out, err)
+
+
+@pytest.mark.parametrize("args", [["--verbose", "FILE", "sh", "-c", "touch ran"], ["-V"], ["-h"]],
+                         ids=["verbose", "version", "help"])
+def test_output_it_cannot_write_is_73_and_one_line_and_runs_nothing(args, launcher, tmp_path):
+    """A full stdout (docs/cli.md's flock table): flock(1) runs the command and exits 1 ("write error");
+    hostlock exits 73 at once with one line on stderr, so what it was told to say is never lost silently."""
+    side = Side("hostlock", launcher, tmp_path)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(side.words(args), stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                           check=False, env=side.env, cwd=tmp_path)
+    assert r.returncode == 73, r.stderr
+    assert r.stderr.startswith("hostlock flock: ") and "No space left on device" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_a_pipe_reached_through_proc_is_named_not_called_missing(launcher, tmp_path):
+    """`echo x | flock /dev/stdin cmd`: /proc's magic link leads to `pipe:[N]`, no file. Refused like a FIFO
+    (exit 66, one line that says it is a pipe), not "No such file or directory"; a file behind it still locks."""
+    side = Side("hostlock", launcher, tmp_path)
+    r = subprocess.run(side.words(["/dev/stdin", "cat"]), input="data\n", capture_output=True, text=True,
+                       timeout=60, check=False, env=side.env)
+    assert r.returncode == 66 and r.stdout == "", r
+    assert "a pipe or socket, not a file" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    (tmp_path / "f").write_text("")
+    with open(tmp_path / "f") as f:
+        r = subprocess.run(side.words(["/dev/stdin", "true"]), stdin=f, capture_output=True, text=True, timeout=60,
+                           check=False, env=side.env)
+    assert r.returncode == 0, r.stderr

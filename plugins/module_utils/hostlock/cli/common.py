@@ -67,9 +67,9 @@ class UsageError(Exception):
         self.command = command
 
 
-def say(message: str) -> None:
+def say(message: str, prog: str = PROG) -> None:
     """One diagnostic line on stderr, unbuffered: never mixed into the job's stdout, never lost on fork."""
-    data = ("%s: %s\n" % (PROG, one_line(message))).encode("utf-8", "backslashreplace")
+    data = ("%s: %s\n" % (prog, one_line(message))).encode("utf-8", "backslashreplace")
     try:
         while data:
             data = data[os.write(2, data):]

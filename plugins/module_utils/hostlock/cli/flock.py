@@ -31,6 +31,7 @@ from ..host import pathlock as _pathlock
 from . import common as c
 
 PROG = "hostlock flock"
+_TIME_T_END = 2.0 ** 63  # seconds a timer can take (time_t): flock(1) sets none for -w past it, nor for inf
 DEFAULT_CONFLICT = 1  # flock(1)'s, not hostlock run's 75: scripts test for it
 _PATH_BSHELL = "/bin/sh"  # flock.c: $SHELL, else _PATH_BSHELL
 
@@ -151,19 +152,46 @@ def _usage(message: str) -> _Exit:
     return _Exit(c.EX_USAGE)
 
 
+_C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale: what strtod() and strtol() skip before a number
+
+
+def _c_number(value: str) -> str | None:
+    """`value` without the leading white space strtod()/strtol() skip, or None when Python's float()/int()
+    would read more than C does: trailing space, `_` between digits, digits that are not ASCII."""
+    text = value.lstrip(_C_SPACE)
+    if not text or not text.isascii() or "_" in text or text != text.rstrip():
+        return None
+    return text
+
+
 def _timeout_arg(value: str) -> float:
-    """strtotimeval_or_err(): a decimal (or hex, as strtod) number of seconds; usage error otherwise."""
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
+    """strtotimeval_or_err(): what strtod() reads whole (decimal, hex, inf, nan), else a usage error. Whether
+    a timer can be set for it (not negative, not NaN, not past time_t) is take_lock's question, as in flock.c."""
+    text = _c_number(value)
+    seconds = None
+    if text is not None:
         try:
-            seconds = float.fromhex(text) if text.lower().lstrip("+-").startswith("0x") else float("nan")
+            seconds = float(text)
         except ValueError:
-            seconds = float("nan")
-    if not text or not -1e18 < seconds < 1e18:  # NaN compares false: refused with the infinities
+            try:
+                seconds = float.fromhex(text) if text.lower().lstrip("+-").startswith("0x") else None
+            except ValueError:
+                pass
+    if seconds is None:
         raise _Exit(_bad("invalid timeout value: '%s'" % value))
     return seconds
+
+
+def _int32_arg(value: str, what: str) -> int:
+    """strtos32_or_err(): a base-10 integer strtol() reads whole and an int32 holds, else a usage error."""
+    text = _c_number(value)
+    digits = text[1:] if text and text[0] in "+-" else text
+    if text is None or not digits or not digits.isdigit():
+        raise _Exit(_bad("%s: '%s'" % (what, value)))
+    number = int(text, 10)
+    if not -(1 << 31) <= number < 1 << 31:
+        raise _Exit(_bad("%s: '%s': %s" % (what, value, os.strerror(errno.ERANGE))))
+    return number
 
 
 def _bad(message: str) -> int:
@@ -220,10 +248,7 @@ def parse(args: list[str]) -> Options:
         elif key == "wait":
             o.timeout = _timeout_arg(value or "")
         elif key == "code":
-            try:
-                code = int((value or "").strip(), 10)
-            except ValueError:
-                raise _Exit(_bad("invalid exit code: '%s'" % value)) from None
+            code = _int32_arg(value or "", "invalid exit code")
             if not 0 <= code <= 255:
                 raise _Exit(_bad("exit code out of range (expected 0 to 255)"))
             o.conflict_code = code
@@ -270,13 +295,7 @@ def parse(args: list[str]) -> Options:
             o.command = rest[1:]
         o.filename = rest[0]
     elif rest:
-        try:
-            fd = int(rest[0].strip(), 10)
-        except ValueError:
-            raise _Exit(_bad("bad file descriptor: '%s'" % rest[0])) from None
-        if not -(1 << 31) <= fd < 1 << 31:
-            raise _Exit(_bad("bad file descriptor: '%s'" % rest[0]))
-        o.fd = fd
+        o.fd = _int32_arg(rest[0], "bad file descriptor")
     else:
         raise _Exit(_bad("requires file descriptor, file or directory"))
     return o
@@ -305,7 +324,7 @@ def take_lock(o: Options, fd: int, flags: int) -> int:
     if o.block:
         wait = 0.0
     elif o.timeout is not None:
-        if o.timeout < 0:
+        if not 0 <= o.timeout < _TIME_T_END:  # also NaN: flock.c's timer_settime() refuses them all
             warn("cannot set up timer: %s" % os.strerror(errno.EINVAL))
             raise _Exit(c.EX_OSERR)
         wait = o.timeout  # -w 0 is -n
@@ -363,10 +382,10 @@ def run_command(o: Options, fd: int) -> int:
         _signal.signal(_signal.SIGPIPE, _signal.SIG_DFL)
         _signal.signal(_signal.SIGXFSZ, _signal.SIG_DFL)
         try:
-            execvp(o.command)
-        except OSError as exc:
-            warn("failed to execute %s: %s" % (o.command[0], exc.strerror or exc))
-            return c.EX_OSERR if exc.errno == errno.ENOMEM else c.EX_UNAVAILABLE
+            execvp(o.command, sh_fallback=True)
+        except (OSError, ValueError) as exc:
+            warn("failed to execute %s: %s" % (o.command[0], getattr(exc, "strerror", None) or exc))
+            return c.EX_OSERR if getattr(exc, "errno", None) == errno.ENOMEM else c.EX_UNAVAILABLE
     from .supervise import Job, die_like, new_group_for, supervise
 
     # Without -o the command inherits the locked descriptor, as with flock(1): a background child it
@@ -379,7 +398,8 @@ def run_command(o: Options, fd: int) -> int:
     # With a group of its own the command dies whole with hostlock, killed by the watcher, which (with -o,
     # where hostlock holds the lock alone) keeps the lock until the command is gone.
     new_group = new_group_for(o.pgroup)
-    job = Job(o.command, new_group=new_group, watch=new_group, lock_fds=(fd,) if o.do_close else ())
+    job = Job(o.command, new_group=new_group, watch=new_group, lock_fds=(fd,) if o.do_close else (),
+              flock_exec=True)
     try:
         outcome = supervise(job)
     except OSError as exc:

@@ -66,14 +66,14 @@ class Job:
     """What to run and how; no command-line options, no lock."""
 
     __slots__ = ("argv", "env", "new_group", "out_fd", "time_limit", "kill_after", "verbose", "lock_fds", "watch",
-                 "abort", "valid_until")
+                 "abort", "valid_until", "flock_exec")
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None, new_group: bool = True,
                  out_fd: int | None = None, time_limit: float | None = None,
                  kill_after: float = DEFAULT_KILL_AFTER, verbose: bool = False,
                  lock_fds: tuple[int, ...] | list[int] = (), watch: bool = True,
                  abort: Callable[[], bool] | None = None,
-                 valid_until: Callable[[], float | None] | None = None) -> None:
+                 valid_until: Callable[[], float | None] | None = None, flock_exec: bool = False) -> None:
         self.argv = argv
         self.env = env  # added to (or replacing entries of) our environment; None: ours unchanged
         self.new_group = new_group  # the job leads its own process group (killed whole with us)
@@ -94,13 +94,16 @@ class Job:
         # pass each new deadline on to the watcher, which kills the job if one passes without a later one
         # while hostlock is stopped (the lease then ends with nobody left to stop the job). None: no deadline.
         self.valid_until = valid_until
+        # Exec as flock(1) does (`hostlock flock`): execvp(3)'s /bin/sh for a file without #!, and flock's
+        # "failed to execute" message. `hostlock run` refuses such a file (69: use -c).
+        self.flock_exec = flock_exec
 
     def tagged(self, tag: str) -> Job:
         """This job with HOSTLOCK_JOB=tag added to its environment."""
         job = Job(self.argv, env=dict(self.env or (), HOSTLOCK_JOB=tag), new_group=self.new_group,
                   out_fd=self.out_fd, time_limit=self.time_limit, kill_after=self.kill_after,
                   verbose=self.verbose, lock_fds=self.lock_fds, watch=self.watch, abort=self.abort,
-                  valid_until=self.valid_until)
+                  valid_until=self.valid_until, flock_exec=self.flock_exec)
         return job
 
 
@@ -214,10 +217,14 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
             os.dup2(out_fd, 1)
             os.dup2(out_fd, 2)
         _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
-        execvp(argv, environ=environ)
-    except OSError as exc:
-        c.say("cannot execute %s: %s" % (c.quote(argv[0]), exc.strerror or exc))
-        code = c.EX_OSERR if exc.errno == _errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
+        execvp(argv, environ=environ, sh_fallback=job.flock_exec)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        if job.flock_exec:
+            c.say("failed to execute %s: %s" % (argv[0], why), prog="hostlock flock")  # flock(1)'s words
+        else:
+            c.say("cannot execute %s: %s" % (c.quote(argv[0]), why))
+        code = c.EX_OSERR if getattr(exc, "errno", None) == _errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
     except BaseException:  # never let the child fall back into the parent's code
         pass
     finally:
@@ -238,28 +245,42 @@ def _read_gate(gate: int) -> bytes:
 
 
 def execvp(argv: list[str], env: dict[str, str] | None = None, *,
-           environ: Mapping[bytes, bytes] | None = None) -> None:
+           environ: Mapping[bytes, bytes] | None = None, sh_fallback: bool = False) -> None:
     """execvp(3), with `env` added to our environment (or exactly `environ`, made already as bytes: not
-    encoded again for each directory tried): search PATH like the shell (the job's own PATH).
+    encoded again for each directory tried): search PATH like the shell (the job's own PATH). With
+    `sh_fallback`, a file the kernel cannot execute (ENOEXEC: no #!) is run by /bin/sh, as glibc's
+    execvp(3) does, and so flock(1).
 
     os.execvp would import `warnings` (~1 ms) on every run.
     """
     file = argv[0]
+    if not file:  # execvp(3): ENOENT (os.execve would raise ValueError for an empty argv[0])
+        raise FileNotFoundError(_errno.ENOENT, os.strerror(_errno.ENOENT), file)
     if environ is None:
         environ = _environ_with(env)
     if "/" in file:
-        os.execve(file, argv, environ)
+        _execve(file, argv, environ, sh_fallback)
     path = environ.get(b"PATH")
     dirs = (os.fsdecode(path) if path is not None else os.defpath).split(":")
     first: OSError | None = None
     for d in dirs:
         try:
-            os.execve(_join(d or ".", file), argv, environ)
+            _execve(_join(d or ".", file), argv, environ, sh_fallback)
         except OSError as exc:
             # Keep looking past "not here"; remember the first real reason (EACCES...), as execvp(3) does.
             if exc.errno not in (_errno.ENOENT, _errno.ENOTDIR) and first is None:
                 first = exc
     raise first or FileNotFoundError(_errno.ENOENT, os.strerror(_errno.ENOENT), file)
+
+
+def _execve(path: str, argv: list[str], environ: Mapping[bytes, bytes], sh_fallback: bool) -> None:
+    try:
+        os.execve(path, argv, environ)
+    except OSError as exc:
+        if not sh_fallback or exc.errno != _errno.ENOEXEC:
+            raise
+    # glibc's maybe_script_execute(): /bin/sh PATH ARGS..., the script's path as the shell's $0
+    os.execve("/bin/sh", ["/bin/sh", path, *argv[1:]], environ)
 
 
 def _environ_with(env: Mapping[str, str] | None) -> dict[bytes, bytes]:
@@ -468,16 +489,16 @@ def _running(pid: int) -> bool:
 class Outcome:
     """How the job ended."""
 
-    __slots__ = ("status", "timed_out", "elapsed", "pid", "tty_sigint", "aborted")
+    __slots__ = ("status", "timed_out", "elapsed", "pid", "sigint", "aborted")
 
-    def __init__(self, status: int, timed_out: bool, elapsed: float, pid: int, tty_sigint: bool,
+    def __init__(self, status: int, timed_out: bool, elapsed: float, pid: int, sigint: bool,
                  aborted: bool = False) -> None:
         self.status = status  # raw wait status
         self.timed_out = timed_out
         self.aborted = aborted  # job.abort() said stop (a lost fleet lock): the job was sent SIGTERM
         self.elapsed = elapsed
         self.pid = pid
-        self.tty_sigint = tty_sigint  # a keyboard SIGINT reached us (and the job) from the terminal
+        self.sigint = sigint  # a SIGINT reached us from anyone but the job (the terminal, kill, a supervisor)
 
     def exit_code(self) -> int:
         """flock(1)'s convention: the job's status, 128+N for signal N; 124 after --time-limit."""
@@ -691,7 +712,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
     aborted = False
     terminated = False  # SIGTERM sent (time limit or abort): the deadline is now SIGKILL's
     killed = False
-    tty_sigint = False
+    sigint = False
     status = 0
 
     def terminate(why: str) -> float:
@@ -760,11 +781,13 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
             if not new_group and info.si_code == _SI_KERNEL:
                 # From our terminal: the job is in our process group and got this very signal already.
                 if sig == _signal.SIGINT:
-                    tty_sigint = True
+                    sigint = True
                 continue
             sender = info.si_pid
             if sender and (sender == pid or (new_group and _pgid(sender) == pid)):
                 continue  # sent by the job itself: forwarding it back could ping-pong forever
+            if sig == _signal.SIGINT:
+                sigint = True
             if verbose:
                 c.say("forwarding %s to the job" % _signame(sig))
             send(sig)
@@ -792,7 +815,7 @@ def supervise(job: Job, on_start: Callable[[int], None] | None = None, started: 
         while _signal.sigtimedwait(waited, 0) is not None:
             pass
         _signal.pthread_sigmask(_signal.SIG_SETMASK, old_mask)
-    return Outcome(status, timed_out, time.monotonic() - started_at, pid, tty_sigint, aborted)
+    return Outcome(status, timed_out, time.monotonic() - started_at, pid, sigint, aborted)
 
 
 def _pgid(pid: int) -> int:
@@ -803,13 +826,15 @@ def _pgid(pid: int) -> int:
 
 
 def die_like(outcome: Outcome) -> None:
-    """If the terminal's Ctrl-C killed the job, die of SIGINT too, so a calling shell loop stops.
+    """If a SIGINT reached us and the job died of SIGINT, die of SIGINT too, so a calling shell loop stops.
 
     This is the "wait and cooperative exit" convention shells rely on (bash continues a loop when its
-    child *exits* 130, and stops when it is *killed* by SIGINT). Only for a keyboard SIGINT that reached
-    hostlock and the job alike; every other case exits with 128+N like flock(1).
+    child *exits* 130, and stops when it is *killed* by SIGINT). flock(1) dies of any SIGINT it gets, so
+    a SIGINT from the terminal, from `kill -INT` of the caller's group or of hostlock alone, forwarded to
+    the job, ends the caller's loop the same way. A job that handles SIGINT and exits is not killed by it:
+    its status is passed on. Every other signal's death is exit 128+N, as flock(1) reports its command's.
     """
-    if not (outcome.tty_sigint and os.WIFSIGNALED(outcome.status)
+    if not (outcome.sigint and os.WIFSIGNALED(outcome.status)
             and os.WTERMSIG(outcome.status) == _signal.SIGINT):
         return
     if sys.stdout is not None:  # None when stdout was closed at start-up

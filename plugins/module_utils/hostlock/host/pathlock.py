@@ -28,29 +28,39 @@ _FCNTL_TYPE = {fcntl.LOCK_EX: fcntl.F_WRLCK, fcntl.LOCK_SH: fcntl.F_RDLCK, fcntl
 CONFLICT = frozenset((errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES))
 
 
-def _open(path: str, flags: int, mode: int) -> int:
+def _open(path: str, flags: int, mode: int, parent: list | None = None) -> int:
     try:
-        return _safepath.open_path(path, flags, mode)
+        return _safepath.open_path(path, flags, mode, parent=parent)
     except _safepath.UnsafePath as exc:
         raise LockFileError(str(exc), path=path, errno=errno.ELOOP) from None
 
 
-def _replaceable(path: str, st: os.stat_result) -> str | None:
-    """Why a lock on this file would not hold, or None: another user's file in a sticky directory others can
-    write (/tmp). Its owner may remove it, sticky bit or not, and create another under the name while we
-    hold this one: the next locker locks that one, beside us. fs.protected_regular refuses the same open
-    (O_CREAT), and so flock(1), where it is set; hostlock refuses it wherever it is not."""
-    if not stat.S_ISREG(st.st_mode) or st.st_uid in (os.geteuid(), 0):
+def _replaceable(st: os.stat_result, dst: os.stat_result | None) -> str | None:
+    """Why a lock on this file would not hold, or None: someone we do not trust could remove it and create
+    another under the name while we hold this one, and the next locker would lock that one, beside us (two
+    holders). That is anybody, in a directory every user may write without the sticky bit; another user's
+    file's owner, in a sticky directory others can write (/tmp: fs.protected_regular refuses this open, and so
+    flock(1), where it is set); and for root, also a directory another user owns, or one a group root is not
+    in may write (root's locks must not be another user's to break). Other users trust what they choose."""
+    if not stat.S_ISREG(st.st_mode) or dst is None:  # None: the path named a directory ("/", "a/..")
         return None
-    try:
-        dst = os.stat(os.path.dirname(os.path.abspath(path)))
-    except OSError:
-        return None
-    if not dst.st_mode & stat.S_ISVTX or not dst.st_mode & 0o022 or st.st_uid == dst.st_uid:
-        return None
-    return ("it belongs to uid %d, in a sticky directory others can write: its owner could remove it and make "
-            "another while we hold this one (two holders); refused, as fs.protected_regular refuses this open. "
-            "Lock a file of your own, or one in a directory only its users can write" % st.st_uid)
+    me = os.geteuid()
+    sticky = dst.st_mode & stat.S_ISVTX
+    if dst.st_mode & 0o002 and not sticky:
+        return ("its directory is writable by every user, without the sticky bit (mode %o): anyone could remove "
+                "it and make another while we hold this one (two holders)" % stat.S_IMODE(dst.st_mode))
+    if sticky and dst.st_mode & 0o022 and st.st_uid not in (me, 0, dst.st_uid):
+        return ("it belongs to uid %d, in a sticky directory others can write: its owner could remove it and "
+                "make another while we hold this one (two holders); refused, as fs.protected_regular refuses "
+                "this open" % st.st_uid)
+    if me == 0 and dst.st_uid != 0:
+        return ("its directory belongs to uid %d, another user, who could remove it and make another while root "
+                "holds this one (two holders)" % dst.st_uid)
+    if me == 0 and dst.st_mode & 0o020 and not sticky and dst.st_gid != 0 and dst.st_gid not in os.getgroups():
+        return ("its directory is writable by group %d, which root is not in (mode %o): a member could remove "
+                "it and make another while root holds this one (two holders)"
+                % (dst.st_gid, stat.S_IMODE(dst.st_mode)))
+    return None
 
 
 def open_path(path: str, flags: int) -> tuple[int, int]:
@@ -58,8 +68,9 @@ def open_path(path: str, flags: int) -> tuple[int, int]:
     or a symlink another user could have planted in any component of the path (host.safepath: flock(1)
     follows them all). The descriptor is close-on-exec (callers decide who inherits it)."""
     fl = (flags or os.O_RDONLY) | os.O_NOCTTY | os.O_CREAT
+    parent: list = []  # the directory the walk opened the file in (where a followed link led)
     try:
-        fd = _open(path, fl | os.O_NONBLOCK, 0o666)
+        fd = _open(path, fl | os.O_NONBLOCK, 0o666, parent)
     except IsADirectoryError:
         # Linux refuses O_CREAT on a directory; POSIX allows neither O_RDWR nor O_WRONLY there.
         fl = os.O_RDONLY | os.O_NOCTTY
@@ -68,10 +79,11 @@ def open_path(path: str, flags: int) -> tuple[int, int]:
     if stat.S_ISFIFO(st.st_mode):
         os.close(fd)
         raise LockFileError("it is a FIFO (refused: opening it would block)", path=path, errno=errno.ENXIO)
-    why = _replaceable(path, st)
+    why = _replaceable(st, parent[-1] if parent else None)
     if why:
         os.close(fd)
-        raise LockFileError(why, path=path, errno=errno.EACCES)
+        raise LockFileError(why + ". Lock a file in a directory only you (or root) can change entries of",
+                            path=path, errno=errno.EACCES)
     # Whoever inherits this open file description must not see the O_NONBLOCK added for the open.
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return fd, fl
@@ -97,6 +109,10 @@ def unlock_fd(fd: int, ofd: bool = False, start: int = 0, length: int = 0) -> No
         pass
 
 
+# setitimer() takes no more (Python keeps times in int64 nanoseconds: 9.2e9 s); flock(1) takes up to time_t's end.
+_TIMER_MAX = 1e9
+
+
 class _TimedOut(Exception):
     """Raised by the SIGALRM handler: interrupts the blocking lock call (PEP 475 retries EINTR otherwise)."""
 
@@ -120,8 +136,8 @@ def lock_with_timeout(fd: int, op: int, timeout: float | None, ofd: bool = False
             if exc.errno in CONFLICT:
                 return False
             raise
-    if timeout is None:
-        lock_fd(fd, op, True, ofd, start, length)
+    if timeout is None or timeout >= _TIMER_MAX:
+        lock_fd(fd, op, True, ofd, start, length)  # a wait of decades is a wait without end
         return True
     old = _signal.signal(_signal.SIGALRM, _alarm)
     _signal.setitimer(_signal.ITIMER_REAL, timeout)

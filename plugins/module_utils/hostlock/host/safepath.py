@@ -102,10 +102,17 @@ def _follow(dirfd: int, name: str, shown: str, hops: list) -> str:
     hops.append(1)
     if len(hops) > MAX_SYMLINKS:
         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-    return os.readlink(name, dir_fd=dirfd)
+    target = os.readlink(name, dir_fd=dirfd)
+    if shown.startswith("/proc/") and "/" not in target and target.endswith("]") and ":[" in target:
+        # /proc's magic link to what has no path (`pipe:[N]`, `socket:[N]`, `anon_inode:[...]`): /dev/stdin
+        # on a pipe. Walked as a name it would be "No such file"; a lock path is a file, never a pipe.
+        raise UnsafePath("%s is %s, a pipe or socket, not a file (refused: a lock path names a file or a "
+                         "directory)" % (shown, target))
+    return target
 
 
-def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True) -> int:
+def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True,
+              parent: list | None = None) -> int:
     """os.open(path, flags, mode) with no symlink followed that another user could have planted.
 
     Every component is opened relative to the directory before it (O_NOFOLLOW, so the kernel follows
@@ -113,7 +120,8 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
     own links), is followed only by the rules above. Raises UnsafePath (an OSError, ELOOP) naming the
     refused component, or the OSError the walk or the open itself gave. A path that names a directory
     ("/", "a/..") opens it with `flags`. With follow_last=False a symlink as the last component is the
-    caller's to refuse: the open gives the error O_NOFOLLOW gives (ELOOP).
+    caller's to refuse: the open gives the error O_NOFOLLOW gives (ELOOP). With `parent`, the os.stat_result
+    of the directory the file was opened in (the one the walk reached, links followed) is appended to it.
     """
     if "\0" in path:
         raise ValueError("embedded null byte")
@@ -139,6 +147,8 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
                     continue
                 got = os.open(name, flags | _O_NOFOLLOW, mode, dir_fd=fd)
                 if not (_O_PATH and flags & _O_PATH and stat.S_ISLNK(os.fstat(got).st_mode)):
+                    if parent is not None:
+                        parent.append(os.fstat(fd))
                     return got
                 os.close(got)  # O_PATH|O_NOFOLLOW opened the symlink itself: follow it by the rules
             except OSError as exc:
