@@ -85,9 +85,9 @@ CASES = [
 ]
 
 # Cases whose every word must match flock(1)'s too (stdout, and stderr after the program's name).
-SAME_WORDS = [c[0] for c in CASES if c[0].startswith(("script-", "no-fork-script", "empty-", "no-fork-empty", "wait-",
-                                                          "conflict-code-", "fd-", "cannot-execute",
-                                                          "negative-wait", "bad-wait"))]
+_SAME_WORDS_PREFIXES = ("script-", "no-fork-script", "empty-", "no-fork-empty", "wait-", "conflict-code-", "fd-",
+                        "cannot-execute", "negative-wait", "bad-wait")
+SAME_WORDS = [c[0] for c in CASES if c[0].startswith(_SAME_WORDS_PREFIXES)]
 
 # (id, holder's options, contender's options, contender's expected exit code, streams of the contender).
 CONFLICTS = [
