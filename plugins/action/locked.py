@@ -58,6 +58,9 @@ NOT_WRAPPABLE = frozenset(
         "assert",
         "pause",
         "async_status",
+        "include_vars",  # its variables would become the host's facts (another precedence), not included vars
+        "wait_for_connection",  # waits here for a host that may not answer yet: the lease needs it to
+        "validate_argument_spec",
     )
 )
 
@@ -114,11 +117,17 @@ def split_task(task: dict) -> tuple[str, t.Any]:
     return str(name), args
 
 
-def parse_args(args: t.Any) -> dict:
+def parse_args(args: t.Any, name: str = "") -> dict:
+    """The wrapped task's args as the task's own parser makes them (ansible.parsing.mod_args): a string is
+    `key=value` words, and for a free-form module (command, shell, script, raw) the rest is its command,
+    its own options (`creates=`, `chdir=`...) taken out as they would be."""
     if args is None:
         return {}
-    if isinstance(args, str):  # free form, as `ansible.builtin.command: echo hi`
-        return {"_raw_params": args}
+    if isinstance(args, str):  # `ansible.builtin.command: echo hi chdir=/tmp`, `ansible.builtin.file: path=/x`
+        from ansible.parsing.mod_args import FREEFORM_ACTIONS
+        from ansible.parsing.splitter import parse_kv
+
+        return dict(parse_kv(args, check_raw=name in FREEFORM_ACTIONS))
     if not isinstance(args, dict):
         raise AnsibleActionFail(f"hostlock.core.locked: task args must be a mapping or a string, not {args!r}")
     return dict(args)
@@ -131,6 +140,7 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def run(self, tmp: t.Any = None, task_vars: dict | None = None) -> dict:
+        self._check_shape()
         result = super().run(tmp, task_vars)
         del tmp
         task_vars = task_vars or {}
@@ -154,7 +164,7 @@ class ActionModule(ActionBase):
                 "hostlock.core.locked: path (a kernel lock on a file of the host) and fleet (a lock in etcd) "
                 "exclude each other; fleet: '' takes a host lock when HOSTLOCK_FLEET is set"
             )
-        fqcn, module_args = self._resolve(name, parse_args(raw), controller_side=True)
+        fqcn, module_args = self._resolve(name, parse_args(raw, name), controller_side=True)
         if fleet:
             result.update(self._run_fleet(fleet, args, fqcn, module_args, task_vars))
             return result
@@ -191,6 +201,27 @@ class ActionModule(ActionBase):
         ))
         self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
+
+    def _check_shape(self) -> None:
+        """What ansible-core's own checks would say less clearly: async, an unknown option (even with `name`
+        missing, which it reports instead), and a `task` that is not a mapping (a list, or a `k=v` string it
+        would turn into one)."""
+        if self._task.async_val:
+            raise AnsibleActionFail(
+                "hostlock.core.locked: async is refused: the task would return before the wrapped module ends, so "
+                "the lock would not cover it. Drop async/poll, or hold the lock around an async task with "
+                "hostlock.core.lock (heartbeat: true) in a block")
+        given = self._task.args
+        unknown = sorted(str(k) for k in given if k not in ARGUMENT_SPEC)
+        if unknown:
+            raise AnsibleActionFail(f"Unsupported parameters for ({LOCKED_MODULE}) module: {', '.join(unknown)}. "
+                                    f"Supported parameters include: {', '.join(sorted(ARGUMENT_SPEC))}.")
+        task = given.get("task")
+        if task is not None and not isinstance(task, dict):
+            kind = "a list" if isinstance(task, list) else "a string" if isinstance(task, str) else type(task).__name__
+            raise AnsibleActionFail(f"hostlock.core.locked: task must be a mapping, one module as in a task "
+                                    f"({{ansible.builtin.copy: {{src: a, dest: b}}}}) or {{module: NAME, args: ...}}, "
+                                    f"not {kind}")
 
     def _resolve(self, name: str, module_args: dict, controller_side: bool = False) -> tuple[str, dict]:
         """The module the task executor would run for `name`, with the play's module_defaults applied.
@@ -316,6 +347,7 @@ class ActionModule(ActionBase):
         lease = _hostlease.TaskLease(self, lock_args, locked_args, task_vars, mark=fqcn not in RAW)
         handler = self._wrapped_handler(fqcn, module_args, {})
         held_from = time.monotonic()
+        came_to_its_end = False  # else (the task's `timeout:`, a broken connection, an error) its work may run on
         try:
             if fqcn in FOLDED:  # its first step on the host is a module run: the lease is taken with it
                 lease.attach()
@@ -323,6 +355,7 @@ class ActionModule(ActionBase):
                 lease.take_first()
                 lease.mark_task(handler._task)
             result = handler.run(task_vars=task_vars)
+            came_to_its_end = not result.get("unreachable")
         except _hostlease.NotTaken as e:
             got = e.result
             lock_info = got.get(RESULT_KEY) or {}
@@ -334,7 +367,9 @@ class ActionModule(ActionBase):
         finally:
             lease.detach()
             taken = bool(lease.token)
-            released = lease.end()
+            # Ended early, the task may have left its work running on the host: the lease then ends after it
+            # (its in-flight mark), never before, as when the run dies.
+            released = lease.end(expire=not came_to_its_end)
         lock_info = lease.info
         info.update(directory=lease.got.get("directory", lock_info.get("directory")),
                     waited=lock_info.get("waited", 0.0))

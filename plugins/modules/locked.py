@@ -117,14 +117,15 @@ options:
           - The module to run, preferably by its FQCN (for example V(ansible.builtin.apt),
             V(ansible.builtin.command)). The play's C(module_defaults) for it apply.
           - Task keywords that the controller runs itself (C(include_tasks), C(meta), C(set_fact),
-            C(debug) and the like) cannot be wrapped. Modules with their own action plugin (C(template),
-            C(copy), C(package), C(service), C(script), C(raw)...) can, under a heartbeat lease (see the
-            description).
+            C(debug), C(include_vars), C(wait_for_connection) and the like) cannot be wrapped. Modules
+            with their own action plugin (C(template), C(copy), C(package), C(service), C(script),
+            C(raw)...) can, under a heartbeat lease (see the description).
         type: str
       args:
         description:
-          - Its arguments, as under the module's name in a task. A string is the free-form argument
-            (for C(command) and C(shell)).
+          - Its arguments, as under the module's name in a task. A string is read as Ansible reads it
+            there, C(key=value) words, and for C(command), C(shell), C(script) and C(raw) the free-form
+            command with its own options (C(creates=), C(chdir=)...) taken out.
         type: raw
   fleet:
     description:

@@ -279,14 +279,28 @@ class TaskLease:
             raise NotTaken(dict(failed=True, msg=f"cannot start the lease's heartbeat on the control node ({e})",
                                 **{RESULT_KEY: dict(self.info, event="error")})) from None
 
-    def end(self) -> bool:
-        """Release the lease (stop its heartbeat first); whether the host said it is released."""
+    def end(self, expire: bool = False) -> bool:
+        """Release the lease (stop its heartbeat first); whether the host said it is released.
+
+        With `expire` (the task did not come to its end here: its `timeout:` struck, the connection broke, an
+        error) the lease is not released but made to end now, as a dead run's heartbeat ends it: its holder
+        keeps the lock until the work the task started on the host (what carries the lease's in-flight mark)
+        has ended there. A released lock would let the next holder in beside that work.
+        """
         token = self.got.pop("token", None)
         if not token:
             return True
         _heartbeat.stop(token)
         which = {k: self.lock_args[k] for k in ("name", "path") if self.lock_args.get(k)}
         deferred, self.deferred = self.deferred, []
+        if expire:
+            for rm in deferred:
+                self.action._low_level_execute_command(rm, sudoable=False)
+            ending = dict(which, state="acquired", token=token, lease=_heartbeat.EXPIRE_NOW,
+                          directory=self.got.get("directory"))
+            ended = self.action._execute_module(module_name=LOCK_MODULE, module_args=ending, task_vars=self.task_vars)
+            self.release_error = None if not ended.get("failed") else str(ended.get("msg"))
+            return not ended.get("failed")
         if self.interpreter:
             try:
                 args, data = _engine_call.request(

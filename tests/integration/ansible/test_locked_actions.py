@@ -6,6 +6,7 @@ lease's in-flight mark in its environment (what a killed run's lease waits for).
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -200,3 +201,88 @@ def test_a_busy_lock_stops_the_task_before_its_first_step_and_check_mode_takes_n
         holders = engine.status("busy", directory=str(ansible.lockdir)).holders
         assert [h.label for h in holders] == ["the other holder"], holders
     assert engine.status("busy", directory=str(ansible.lockdir)).state == "free"
+
+
+# (id, the wrapped task's YAML under `task:` (or the whole locked args, for SHAPES), what it must give)
+WRITTEN_AS_ANSIBLE_READS_IT = """\
+- hosts: loc
+  gather_facts: false
+  tasks:
+    - name: Free-form command whose own options are words of the string, as Ansible reads them
+      hostlock.core.locked:
+        name: words
+        directory: "{{ lockdir }}"
+        task:
+          ansible.builtin.command: "touch {{ workdir }}/ff-made creates=/etc/passwd chdir={{ workdir }}"
+      register: freeform
+
+    - name: Free-form shell with chdir= and removes=
+      hostlock.core.locked:
+        name: words
+        directory: "{{ lockdir }}"
+        task:
+          ansible.builtin.shell: "pwd > here.txt chdir={{ workdir }} removes=/etc/passwd"
+      register: shellform
+
+    - name: key=value words for a module that is not free-form
+      hostlock.core.locked:
+        name: words
+        directory: "{{ lockdir }}"
+        task:
+          ansible.builtin.file: "path={{ workdir }}/kv-made state=touch mode=0644"
+      register: kv
+
+    - name: Say what they gave
+      ansible.builtin.debug:
+        msg: "GOT {{ {'freeform': freeform.changed, 'freeform_rc': freeform.rc, 'shell_rc': shellform.rc,
+          'kv': kv.changed} | to_json | b64encode }}"
+"""
+
+
+def test_string_args_are_read_as_the_task_itself_would_read_them(ansible):
+    """`command: "cmd creates=X chdir=D"` and `file: "path=X state=touch"`: Ansible takes the options out of
+    the string; wrapped, they were passed whole as `_raw_params` (the command ran with `creates=...` as an
+    argument; file said "missing required arguments: path")."""
+    playbook = ansible.work / "words.yml"
+    playbook.write_text(WRITTEN_AS_ANSIBLE_READS_IT)
+    run = ansible.play(str(playbook))
+    assert run.rc == 0, run.out
+    got = json.loads(base64.b64decode(run.out.split("GOT ", 1)[1].split('"', 1)[0]))
+    assert got == {"freeform": False, "freeform_rc": 0, "shell_rc": 0, "kv": True}, run.out
+    assert not (ansible.work / "ff-made").exists()  # creates= held: skipped, as unwrapped
+    assert (ansible.work / "here.txt").read_text().strip() == str(ansible.work)  # chdir= honoured
+    assert (ansible.work / "kv-made").exists()
+
+
+SHAPES = [
+    ("include-vars", "name: s\n        task:\n          ansible.builtin.include_vars: {file: /dev/null}",
+     "ansible.builtin.include_vars runs on the controller"),
+    ("wait-for-connection", "name: s\n        task:\n          ansible.builtin.wait_for_connection: {}",
+     "ansible.builtin.wait_for_connection runs on the controller"),
+    ("misspelt-name", "nmae: s\n        task:\n          ansible.builtin.ping: {}",
+     "Unsupported parameters for (hostlock.core.locked) module: nmae"),
+    ("task-list", "name: s\n        task:\n          - ansible.builtin.ping: {}", "task must be a mapping"),
+    ("task-string", "name: s\n        task: module=ansible.builtin.command args=touch", "task must be a mapping"),
+]
+
+
+@pytest.mark.parametrize("case", SHAPES, ids=[c[0] for c in SHAPES])
+def test_what_cannot_be_wrapped_is_named_and_nothing_runs(ansible, case):
+    """Controller-side tasks (include_vars would turn its variables into host facts), a misspelt option next
+    to a missing `name`, and a `task` that is not a mapping: one line that says so; nothing runs."""
+    _id, args, said = case
+    playbook = ansible.work / f"shape-{_id}.yml"
+    playbook.write_text("- hosts: loc\n  gather_facts: false\n  tasks:\n    - hostlock.core.locked:\n"
+                        f"        {args}\n        directory: '{{{{ lockdir }}}}'\n")
+    run = ansible.play(str(playbook))
+    assert run.rc != 0 and said in run.out, run.out
+    assert "_datatag" not in run.out and "ansible_collections.hostlock" not in run.out, run.out
+
+
+def test_async_is_refused_with_the_reason(ansible):
+    playbook = ansible.work / "async.yml"
+    playbook.write_text("- hosts: loc\n  gather_facts: false\n  tasks:\n    - hostlock.core.locked:\n"
+                        "        name: a\n        directory: '{{ lockdir }}'\n"
+                        "        task: {ansible.builtin.command: 'true'}\n      async: 10\n      poll: 1\n")
+    run = ansible.play(str(playbook))
+    assert run.rc != 0 and "async is refused" in run.out and "would not cover it" in run.out, run.out

@@ -97,3 +97,65 @@ def test_a_killed_run_keeps_the_lock_until_the_work_its_task_started_ends(ansibl
             if p is not None and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+TIMEOUT_CELLS = [(host, kind) for host in ("loc", "ssh1") for kind in ("script", "copy-validate")]
+
+
+@pytest.mark.parametrize("host,kind", TIMEOUT_CELLS, ids=["-".join(c) for c in TIMEOUT_CELLS])
+def test_a_task_its_timeout_ends_keeps_the_lock_until_its_work_ends(ansible, engine, tmp_path, host, kind):
+    """Ansible's task keyword `timeout:` ends a wrapped `script` (or a `copy` whose `validate` runs) on the
+    controller while its work runs on, on the host, as it would without the lock. The lease must then not be
+    released but end after that work, as a dead run's does: released, it let the next holder in beside it."""
+    lock = f"timeout-{host}-{kind}"
+    events, gate = tmp_path / "events", tmp_path / "gate"
+    work = ansible.work / "work.sh"
+    work.write_text(WORK)
+    work.chmod(0o755)
+    if kind == "script":
+        wrapped = f"ansible.builtin.script: '{work} x {events} {gate}'"
+    else:
+        wrapped = (f"ansible.builtin.copy: {{content: \"work\\n\", dest: '{ansible.work}/{lock}.txt', mode: '0644', "
+                   f"validate: '{work} %s {events} {gate}'}}")
+    playbook = ansible.work / f"{lock}.yml"
+    playbook.write_text(
+        f"- hosts: {host}\n  gather_facts: false\n  tasks:\n"
+        "    - hostlock.core.locked:\n"
+        f"        name: {lock}\n        directory: '{{{{ lockdir }}}}'\n"
+        f"        task: {{{wrapped}}}\n"
+        "      timeout: 15\n"  # long enough to reach the work on a loaded machine; the test waits for its end
+    )
+    directory = str(ansible.lockdir)
+    proc = nxt = None
+    try:
+        proc = ansible.popen(str(playbook))
+        work_pid = wait_for(lambda: next((e[1] for e in _events(events) if e[0] == "in"), 0), "the work to start",
+                            proc=proc)
+        out, _err = proc.communicate(timeout=120)  # the task's timeout ends the run's wait; the work holds on
+        assert proc.returncode != 0 and "Timed out" in out, out
+        # The work runs on, as without the lock, unless the run's end ended it (Ansible's own, now and then: a
+        # zombie here, whose parent is gone). While it runs, nobody else may hold the lock.
+        held = subprocess.run([*hostlock_cli(), "run", "-n", "-d", directory, lock, "true"], check=False)
+        if held.returncode != 75:  # free: only if the work had ended by then (it never ends by itself here)
+            try:
+                state = open(f"/proc/{work_pid}/stat").read().rpartition(")")[2].split()[0]
+            except OSError:
+                state = "gone"
+            assert state in ("Z", "X", "gone"), f"{lock}: the lock was free while the timed-out task's work ran:\n{out}"
+        nxt = subprocess.Popen([*hostlock_cli(), "run", "-w", "180", "-d", directory, lock,
+                                sys.executable, "-c", NEXT, str(events), str(work_pid)])
+        wait_for(lambda: engine.status(lock, directory=directory).waiters > 0 or nxt.poll() is not None,
+                 "the next job to wait for the lock")
+        gate.touch()
+        assert nxt.wait(timeout=180) == 0
+        words = [e[0] for e in _events(events)]
+        # Ended with the run (over SSH the hangup of its terminal may end it too), the work is gone before its
+        # `out`. Either way the next holder starts only once it is gone (NEXT writes `next-overlap` otherwise).
+        assert words in (["in", "out", "next"], ["in", "next"]), f"{lock}: {words}"
+        wait_for(lambda: engine.status(lock, directory=directory).state == "free", "the lock to be free at the end")
+    finally:
+        gate.touch()
+        for p in (proc, nxt):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
