@@ -67,6 +67,14 @@ class LockTask:
     def engine_release(self, token: str) -> None:
         raise NotImplementedError
 
+    def in_flight_work(self, token: str) -> list:
+        """Pids of work under the lease still running where it is held (host leases); [] where none can be."""
+        return []
+
+    def engine_expire(self, token: str) -> None:
+        """End the lease now, its holder freeing the lock once its in-flight work has ended."""
+        raise NotImplementedError
+
     def released(self, token_id: str) -> None:
         """After a release: return once the next task finds the lock free."""
         self.refresh()
@@ -145,8 +153,14 @@ class LockTask:
         if self.check_mode:
             msg = f"would release the lease {token_id} on {self.name}" if mine else "the token holds no lease"
             return self.result("check", mine is not None, msg, released=[mine] if mine else [], token_id=token_id)
+        # Work of the lease still running (a task of its block that Ansible's `timeout:` ended, left going):
+        # the lease ends now but its holder frees the lock only after that work, as when a run dies.
+        leftover = self.in_flight_work(self.p["token"])
         try:
-            self.engine_release(self.p["token"])
+            if leftover:
+                self.engine_expire(self.p["token"])
+            else:
+                self.engine_release(self.p["token"])
         except TokenError as e:
             if getattr(e, "reason", "") in ("malformed", "refused"):
                 raise  # a wrong secret for a live lease: the lock is NOT released, the task must say so
@@ -154,6 +168,13 @@ class LockTask:
                       f"ran out ({self.error_text(e)}). Holders now: {describe_holders(live_holders(self.holders))}")
             return self.result("released", False, f"the lease on {self.name} was not held any more",
                                released=[], token_id=token_id)
+        if leftover:
+            shown = ", ".join(str(pid) for pid in leftover[:10]) + (" ..." if len(leftover) > 10 else "")
+            msg = (f"released {self.what} {self.name} after its work: process(es) {shown} carrying its lease's "
+                   "environment still run here, and the lock is held until they end")
+            self.warn(msg)
+            return self.result("released", True, msg, released=[mine] if mine else [], token_id=token_id,
+                               in_flight=leftover)
         self.released(token_id)
         return self.result("released", True, f"released {self.what} {self.name}", released=[mine] if mine else [],
                            token_id=token_id)

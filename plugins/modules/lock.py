@@ -571,8 +571,12 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     renew,
     status,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import (
+    EXPIRE_NOW,
+    in_flight_environment,
+    in_flight_pids,
+)
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import hold as hold_path
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import in_flight_environment
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import release as release_path
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.lease import renew as renew_path
 
@@ -743,6 +747,15 @@ class Task(LockTask):
             release_path(self.name, token, path=self.path)
         else:
             release(self.name, token, directory=self.directory)
+
+    def in_flight_work(self, token: str) -> list:
+        try:
+            return in_flight_pids(token)
+        except (HostlockError, ValueError):  # not a token of ours: the release says so
+            return []
+
+    def engine_expire(self, token: str) -> None:
+        self.engine_renew(token, EXPIRE_NOW)
 
     def released(self, token_id: str) -> None:
         """Return once our lease holder is gone, so the next task finds the lock free."""

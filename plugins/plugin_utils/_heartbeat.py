@@ -35,14 +35,15 @@ import time
 import typing as t
 import warnings
 
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import lease as _lease
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.procstat import pidfd, start_ticks
 
 # Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant. Any
 # user can bind any free abstract name, so the name must be one nobody else can know first: see _address.
 SOCKET_PREFIX = "\0hostlock-heartbeat/"
 # The lease a heartbeat sets when its run is gone: the holder on the host ends it at once (after the
-# in-flight work). Durations must be positive, so not 0.
-EXPIRE_NOW = 0.001
+# in-flight work).
+EXPIRE_NOW = _lease.EXPIRE_NOW
 # Renewals per lease: three may fail (a slow or briefly unreachable host) before the lease runs out.
 RENEWALS_PER_LEASE = 4
 

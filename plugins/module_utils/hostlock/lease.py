@@ -53,7 +53,12 @@ from .host.channel import (
 )
 from .host.pathlock import PathLock
 
-__all__ = ["channel_address", "hold", "in_flight_environment", "release", "renew", "wait_in_flight"]
+__all__ = ["EXPIRE_NOW", "channel_address", "hold", "in_flight_environment", "in_flight_pids", "release", "renew",
+           "wait_in_flight"]
+
+# The lease to renew to for "end now, after the in-flight work" (durations must be positive, so not 0): the holder
+# then waits for every process carrying the lease's mark before it frees the lock, as when a lease runs out.
+EXPIRE_NOW = 0.001
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only: socket is imported where a channel is used
@@ -270,6 +275,29 @@ def _marked(entry: bytes, own: int) -> list:
         except OSError:
             continue
     return found
+
+
+def _ancestors() -> set:
+    """Our pid and those of our parents up to init: a process asking about its lease's work is not that work
+    (an Ansible task in the lease's own block carries its mark, and so may the shell that started it)."""
+    seen = set()
+    pid = os.getpid()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                pid = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return seen
+
+
+def in_flight_pids(token: str) -> list:
+    """The processes of this host carrying the lease's in-flight mark (in_flight_environment), other than us and
+    our ancestors: work under the lease still running (a task its `timeout:` ended, left going). Linux /proc."""
+    key, value = _in_flight_entry(*split_host(token))
+    own = _ancestors()
+    return [pid for pid in _marked(("%s=%s" % (key, value)).encode(), os.getpid()) if pid not in own]
 
 
 def wait_in_flight(key: str, value: str, poll: float = 0.2) -> None:

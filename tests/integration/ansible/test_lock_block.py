@@ -165,3 +165,81 @@ def test_dropped_connection_frees_the_lock_after_the_lease_and_the_work(ansible,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         server.stop(sessions=True)
+
+
+TIMED_OUT_BLOCK = """\
+- hosts: {target}
+  gather_facts: false
+  tasks:
+    - name: Work under the lock, one step of which its timeout ends
+      environment: "{{{{ block_lock.environment | default({{}}) }}}}"
+      block:
+        - name: Take the lock
+          hostlock.core.lock:
+            name: {lock}
+            heartbeat: true
+            lease: 60
+            directory: "{{{{ lockdir }}}}"
+          register: block_lock
+          no_log: true
+        - name: A step Ansible gives up on while its command runs on
+          ansible.builtin.command:
+            argv: [/bin/sh, -c, '{work}']
+          timeout: 15
+      always:
+        - name: Release the lock
+          hostlock.core.lock:
+            name: {lock}
+            state: released
+            token: "{{{{ block_lock.token }}}}"
+            directory: "{{{{ lockdir }}}}"
+          when: block_lock.token is defined
+          register: released
+        - name: Say what the release said
+          ansible.builtin.debug:
+            msg: "RELEASED {{{{ released.msg | default('') }}}}"
+"""
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_a_release_after_a_step_its_timeout_ended_waits_for_that_steps_work(ansible, engine, tmp_path, target):
+    """Ansible's `timeout:` ends a step of the block on the controller while its command runs on, on the host
+    (as without the lock); the block's `always:` release then comes while that work carries the lease's mark.
+    The lease must end after that work, not free the lock beside it (it did: a host job ran beside it)."""
+    lock = f"timed-out-block-{target}"
+    events, gate = tmp_path / "events", tmp_path / "gate"
+    work = (f'echo "in $$ $(date +%s.%N)" >> {events}; while [ ! -e {gate} ]; do sleep 0.02; done; '
+            f'echo "out $$ $(date +%s.%N)" >> {events}')
+    playbook = ansible.work / f"{lock}.yml"
+    playbook.write_text(TIMED_OUT_BLOCK.format(target=target, lock=lock, work=work))
+    directory = str(ansible.lockdir)
+    proc = nxt = None
+    try:
+        proc = ansible.popen(str(playbook))
+        work_pid = _wait_for(lambda: _events(events).get("in", (0, 0))[0], "the step's work to start", proc=proc)
+        out, _err = proc.communicate(timeout=120)
+        assert "Timed out" in out and "RELEASED released lock" in out, out
+        held = subprocess.run([*hostlock_cli(), "run", "-n", "-d", directory, lock, "true"], check=False)
+        if held.returncode != 75:  # free: only if the work had ended by then (it never ends by itself here)
+            try:
+                state = open(f"/proc/{work_pid}/stat").read().rpartition(")")[2].split()[0]
+            except OSError:
+                state = "gone"
+            assert state in ("Z", "X", "gone"), f"{lock}: the lock was free while the timed-out step's work ran:\n{out}"
+        else:
+            assert "still run here, and the lock is held until they end" in out, out
+        nxt = subprocess.Popen([*hostlock_cli(), "run", "-w", "180", "-d", directory, lock,
+                                sys.executable, "-c", NEXT, str(events), str(work_pid)])
+        _wait_for(lambda: engine.status(lock, directory=directory).waiters > 0 or nxt.poll() is not None,
+                  "the next job to wait for the lock")
+        gate.touch()
+        assert nxt.wait(timeout=180) == 0
+        assert "next-overlap" not in _events(events), events.read_text()
+        assert "next" in _events(events), events.read_text()
+        _wait_for(lambda: not _live(engine, ansible, lock), "the lock to be free at the end")
+    finally:
+        gate.touch()
+        for p in (proc, nxt):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
