@@ -593,7 +593,11 @@ def test_sigint_to_the_callers_group_stops_the_calling_loop(tool, extra, launche
     words = " ".join(extra)
     script = (f'for i in 1 2; do flock {words} lock sh -c "echo started \\$0; exec cat >/dev/null" $i; '
               'echo "ended $i rc=$?"; done; echo loop-finished')
-    p = _bash(script, launcher, tool, tmp_path, start_new_session=True)
+    from engine_helpers import default_signals
+
+    # SIGINT at its default in bash and its children, whatever the test process inherited (an ignored SIGINT
+    # stays ignored across exec: nothing would die of it)
+    p = _bash(script, launcher, tool, tmp_path, start_new_session=True, preexec_fn=default_signals)
     try:
         assert p.stdout.readline() == "started 1\n"
         os.killpg(p.pid, signal.SIGINT)

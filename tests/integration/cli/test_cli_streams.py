@@ -57,3 +57,47 @@ def test_cron_with_a_full_stdout_reports_the_failure_and_keeps_its_status(cli):
     assert "cannot copy the job's captured output" in r.stderr
     assert "exit status 2" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _to_a_broken_pipe(cli, *args):
+    """Run hostlock with stdout a pipe whose reading end is closed before it starts: every write is EPIPE."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        return subprocess.run(cli.argv(*args), stdout=w, stderr=subprocess.PIPE, text=True, env=cli.env, timeout=60,
+                              check=False)
+    finally:
+        os.close(w)
+
+
+@pytest.mark.parametrize("how", ["full", "broken-pipe"])
+@pytest.mark.parametrize("json_out", [False, True], ids=["token", "json"])
+def test_hold_whose_token_cannot_be_written_gives_the_lease_back(cli, how, json_out):
+    """Nobody got the token, so nobody could release or renew the lease: it was held for its whole length.
+    Now it is given back before hostlock exits (73 for a full disk, 141 for a broken pipe, as for any of
+    hostlock's own output), and the lock is free at once."""
+    args = ["hold", "fullx", "--lease", "10m", *(["--json"] if json_out else [])]
+    r = sh(cli, ">/dev/full", *args) if how == "full" else _to_a_broken_pipe(cli, *args)
+    assert r.returncode == (73 if how == "full" else 141), r
+    assert "Traceback" not in r.stderr
+    assert cli.run("run", "-n", "fullx", "true").returncode == 0, "the lease outlived a hold that failed"
+
+
+def test_a_token_from_a_closed_stdin_is_a_usage_error(cli):
+    for command in ("release", "renew"):
+        r = sh(cli, "<&-", command, "x", "-")
+        assert r.returncode == 64 and "no token on stdin" in r.stderr and r.stderr.count("\n") == 1, r
+
+
+@pytest.mark.parametrize("command", ["status", "list", "hold", "renew", "release", "break", "gc"])
+def test_admin_help_to_a_full_stdout_is_one_line_and_73(cli, command):
+    r = sh(cli, ">/dev/full", command, "--help")
+    assert r.returncode == 73 and "No space left on device" in r.stderr and r.stderr.count("\n") == 1, r
+
+
+def test_admin_output_to_a_broken_pipe_ends_quietly(cli):
+    """`hostlock list | head -c0`: 141 with nothing on stderr, as for hostlock's other output."""
+    cli.run("hold", "a", "--lease", "1m")
+    for args in (["list"], ["status", "a"], ["gc", "--dry-run"]):
+        r = _to_a_broken_pipe(cli, *args)
+        assert r.returncode == 141 and r.stderr == "", (args, r)

@@ -146,14 +146,21 @@ def test_another_user_cannot_even_connect_to_the_socket_file(reachable):
 
 
 def test_abstract_fallback_refuses_another_user_before_a_byte_is_read(tmp_path):
-    """A path lease in a directory another user can change falls back to the abstract namespace, where
-    anyone can connect: SO_PEERCRED still refuses every peer that is neither the holder's uid nor root."""
+    """A path lease in a directory others may change entries of falls back to the abstract namespace, where
+    anyone can connect: SO_PEERCRED still refuses every peer that is neither the holder's uid nor root.
+    (Root's path lease in another user's directory is refused outright: that user could swap the lock file
+    itself, host.pathlock._replaceable.)"""
     import tempfile
 
     d = tempfile.mkdtemp(prefix="hostlock-lease-", dir="/tmp")
     try:
-        os.chown(d, 65534, 65534)  # another user's directory: they could swap a socket file there
+        os.chown(d, 65534, 65534)
         os.chmod(d, 0o755)
+        with pytest.raises(hostlock.HostlockError, match="another user, who could remove it"):
+            _lease.hold("ignored", lease=600, path=os.path.join(d, "f"))
+        # root's group may write it: no socket file where a member could swap it, but root is in that group
+        os.chown(d, 0, 0)
+        os.chmod(d, 0o775)
         token = _lease.hold("ignored", lease=600, path=os.path.join(d, "f"))
         tid = token.split(".")[0]
         assert not os.path.exists(os.path.join(d, ".lease-%s.sock" % tid))

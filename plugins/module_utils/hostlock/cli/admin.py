@@ -50,6 +50,12 @@ class _Parser(argparse.ArgumentParser):
         c.say("%s: %s (see '%s --help')" % (self.prog.split(" ", 1)[-1], message, self.prog))
         raise SystemExit(c.EX_USAGE)
 
+    def _print_message(self, message: str, file: Any = None) -> None:
+        # argparse drops a failed write (a full or broken stdout) and exits 0: --help said nothing, silently.
+        # Written as all of hostlock's own output is, a failure is one line and exit 73 (cli.main).
+        if message:
+            c.write_out(message, 1 if file is None or file is sys.stdout else 2)
+
 
 def _parser(command: str, description: str) -> _Parser:
     return _Parser(prog="hostlock " + command, description=description, epilog=_EPILOG,
@@ -184,8 +190,13 @@ def main_admin(command: str, args: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else c.EX_USAGE
     try:
+        if ns.dir is not None and not ns.dir:
+            raise c.UsageError("-d needs a directory (an empty one is no directory: unset, it would be "
+                               "$HOSTLOCK_DIR or /run/hostlock)")
         _check_fleet(command, ns)
         return _COMMANDS[command](ns)
+    except BrokenPipeError:
+        raise  # `hostlock list | head`: cli.main ends quietly (141), as for any of hostlock's own output
     except c.UsageError as exc:
         return c.usage_error(str(exc), command)
     except LockTimeout as exc:
@@ -317,6 +328,16 @@ def _directory(ns: argparse.Namespace) -> str:
     return ns.dir if ns.dir else default_directory()
 
 
+def _missing_dir(ns: argparse.Namespace, directory: str) -> int:
+    """66 and one line for an explicit --dir that is not a directory: a typo, not "no locks" (status, list,
+    gc, break); 0 otherwise. The default directory may not exist yet: nobody has locked anything."""
+    if not ns.dir or os.path.isdir(directory):
+        return 0
+    c.say("lock directory %s %s" % (directory, "is not a directory" if os.path.exists(directory)
+                                     else "does not exist"))
+    return c.EX_NOINPUT
+
+
 def _where(ns: argparse.Namespace) -> dict[str, Any]:
     """The engine's keyword for where the lock lives: fleet=URL, or directory=DIR."""
     return {"fleet": ns.fleet_url} if ns.fleet_url else {"directory": _directory(ns)}
@@ -340,9 +361,9 @@ def cmd_status(ns: argparse.Namespace) -> int:
         return cmd_status_fleet(ns)
     directory = _directory(ns)
     exists = os.path.isdir(directory)
-    if not exists and ns.dir:  # an explicit --dir that does not exist is a typo, not "no locks"
-        c.say("lock directory %s does not exist" % directory)
-        return c.EX_NOINPUT
+    missing = _missing_dir(ns, directory)
+    if missing:
+        return missing
     if name:
         statuses = [status(name, directory=directory)]
     else:
@@ -426,7 +447,7 @@ def cmd_status_path(ns: argparse.Namespace) -> int:
 def _token(ns: argparse.Namespace) -> str:
     token = ns.token
     if token == "-":
-        token = sys.stdin.readline().strip()
+        token = sys.stdin.readline().strip() if sys.stdin is not None else ""  # None: stdin closed (<&-)
         if not token:
             raise c.UsageError("no token on stdin")
     return token
@@ -457,9 +478,20 @@ def cmd_hold(ns: argparse.Namespace) -> int:
     where = _where(ns)
     if ns.fleet_url:
         return _hold_fleet(ns, where)
+    if ns.slots > 1 and ns.mode == "shared":
+        raise c.UsageError("--slots and --shared cannot be used together: a semaphore's slots are exclusive")
     token = hold(ns.name, lease=ns.lease, mode=ns.mode, slots=ns.slots, timeout=ns.wait, label=ns.label,
                  mechanism=ns.mechanism, **where)
-    c.write_out(_hold_output(ns, where, token))
+    try:
+        c.write_out(_hold_output(ns, where, token))
+    except BaseException:
+        # Nobody got the token (a full or broken stdout, a signal): nobody could release the lease or renew
+        # it, so give it back now. A non-zero exit never leaves a lease held.
+        try:
+            release(ns.name, token, **where)
+        except Exception:  # noqa: BLE001 - gone already; the write's error is what to report
+            pass
+        raise
     return 0
 
 
@@ -537,6 +569,9 @@ def cmd_break(ns: argparse.Namespace) -> int:
     if ns.fleet_url:
         return cmd_break_fleet(ns)
     directory = _directory(ns)
+    missing = _missing_dir(ns, directory)
+    if missing:
+        return missing
     removed = break_lock(ns.name, directory=directory, force=ns.force)  # waits for ended holders to exit
     st = status(ns.name, directory=directory)
     remaining = st.holders  # stale ones too: until they are gone the lock is not free
@@ -621,6 +656,9 @@ def cmd_gc(ns: argparse.Namespace) -> int:
     from ..host.gc import collect
 
     directory = _directory(ns)
+    missing = _missing_dir(ns, directory)
+    if missing:
+        return missing
     entries = collect(directory, ns.older_than, ns.dry_run)
     if ns.json:
         _print_json({"schema": GC_SCHEMA, "directory": directory, "older_than": ns.older_than,

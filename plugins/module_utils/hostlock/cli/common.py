@@ -153,12 +153,20 @@ def format_span(seconds: float) -> str:
     return "%dd%02dh" % (s // 86400, s % 86400 // 3600)
 
 
+def decimal_arg(value: str) -> int | None:
+    """An integer written in ASCII decimal digits with an optional sign, or None: what int() reads beyond
+    that (other scripts' digits, `_` between digits, surrounding space) is no number on a command line."""
+    digits = value[1:] if value[:1] in ("+", "-") else value
+    if not digits or not digits.isascii() or not digits.isdigit():
+        return None
+    return int(value, 10)
+
+
 def exit_code_arg(value: str, option: str) -> int:
     """Parse an exit code argument (0-255)."""
-    try:
-        code = int(value, 10)
-    except ValueError:
-        raise UsageError("%s: invalid exit code %r: use a number from 0 to 255" % (option, value)) from None
+    code = decimal_arg(value)
+    if code is None:
+        raise UsageError("%s: invalid exit code %r: use a number from 0 to 255" % (option, value))
     if not 0 <= code <= 255:
         raise UsageError("%s: exit code %d is out of range: use 0 to 255" % (option, code))
     return code

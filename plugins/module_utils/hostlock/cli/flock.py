@@ -138,7 +138,7 @@ class Options:
 
 def warn(message: str) -> None:
     """flock.c's warnx(): 'PROG: message' on stderr, unbuffered."""
-    data = ("%s: %s\n" % (PROG, message)).encode("utf-8", "backslashreplace")
+    data = ("%s: %s\n" % (PROG, c.one_line(message))).encode("utf-8", "backslashreplace")
     try:
         while data:
             data = data[os.write(2, data):]

@@ -8,8 +8,11 @@ managed host can use it without the command line's code.
 
 from __future__ import annotations
 
-# Control characters (C0 and DEL), each shown as its \\xNN escape.
-CONTROL = {i: "\\x%02x" % i for i in (*range(32), 127)}
+# Control characters (C0, DEL and C1, which some terminals take as escapes: 0x9b is CSI), each shown as its
+# \\xNN escape; and the bidirectional controls (U+202E and kin), which reorder what follows them on the line
+# (a forged name or status row), as \\uNNNN.
+CONTROL = {i: "\\x%02x" % i for i in (*range(32), *range(127, 160))}
+CONTROL.update({i: "\\u%04x" % i for i in (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))})
 
 
 def one_line(text: str) -> str:

@@ -315,6 +315,8 @@ def _endpoint(url: str, part: str) -> tuple:
         # What getaddrinfo and TLS's name check take: labels of 1 to 63 characters, 253 in all.
         if len(host.rstrip(".")) > 253 or any(not 0 < len(label) < 64 for label in host.rstrip(".").split(".")):
             raise _bad(url, "malformed host %r (an empty or over-long label)" % host)
+        if any(label[0] == "-" or label[-1] == "-" for label in host.rstrip(".").split(".")):
+            raise _bad(url, "malformed host %r (a label begins or ends with '-')" % host)  # RFC 1123
         port_text = port_text if colon else None
     if port_text is None:
         return (host, DEFAULT_PORT)
