@@ -184,11 +184,10 @@ def _timeout_arg(value: str) -> float:
 
 def _int32_arg(value: str, what: str) -> int:
     """strtos32_or_err(): a base-10 integer strtol() reads whole and an int32 holds, else a usage error."""
-    text = _c_number(value)
-    digits = text[1:] if text and text[0] in "+-" else text
-    if text is None or not digits or not digits.isdigit():
+    text = _c_number(value)  # strtol() skips leading space; the number itself is cli.common's rule
+    number = c.decimal_arg(text) if text is not None else None
+    if number is None:
         raise _Exit(_bad("%s: '%s'" % (what, value)))
-    number = int(text, 10)
     if not -(1 << 31) <= number < 1 << 31:
         raise _Exit(_bad("%s: '%s': %s" % (what, value, os.strerror(errno.ERANGE))))
     return number
