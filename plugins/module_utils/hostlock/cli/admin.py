@@ -333,8 +333,8 @@ def _missing_dir(ns: argparse.Namespace, directory: str) -> int:
     gc, break); 0 otherwise. The default directory may not exist yet: nobody has locked anything."""
     if not ns.dir or os.path.isdir(directory):
         return 0
-    c.say("lock directory %s %s" % (directory, "is not a directory" if os.path.exists(directory)
-                                     else "does not exist"))
+    what = "is not a directory" if os.path.exists(directory) else "does not exist"
+    c.say("lock directory %s %s" % (directory, what))
     return c.EX_NOINPUT
 
 
