@@ -283,9 +283,9 @@ class TaskLease:
         """Release the lease (stop its heartbeat first); whether the host said it is released.
 
         With `expire` (the task did not come to its end here: its `timeout:` struck, the connection broke, an
-        error) the lease is not released but made to end now, as a dead run's heartbeat ends it: its holder
-        keeps the lock until the work the task started on the host (what carries the lease's in-flight mark)
-        has ended there. A released lock would let the next holder in beside that work.
+        error) the work it started on the host may run on: the release is then hostlock.core.lock's, which
+        ends the lease after whatever still carries its in-flight mark (_task.LockTask.release), never the
+        engine's plain release, which would let the next holder in beside that work.
         """
         token = self.got.pop("token", None)
         if not token:
@@ -293,15 +293,7 @@ class TaskLease:
         _heartbeat.stop(token)
         which = {k: self.lock_args[k] for k in ("name", "path") if self.lock_args.get(k)}
         deferred, self.deferred = self.deferred, []
-        if expire:
-            for rm in deferred:
-                self.action._low_level_execute_command(rm, sudoable=False)
-            ending = dict(which, state="acquired", token=token, lease=_heartbeat.EXPIRE_NOW,
-                          directory=self.got.get("directory"))
-            ended = self.action._execute_module(module_name=LOCK_MODULE, module_args=ending, task_vars=self.task_vars)
-            self.release_error = None if not ended.get("failed") else str(ended.get("msg"))
-            return not ended.get("failed")
-        if self.interpreter:
+        if self.interpreter and not expire:
             try:
                 args, data = _engine_call.request(
                     _engine_call.RELEASE_CALL, _engine_call.RELEASE_ROOTS, which.get("name", ""), token,
