@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `hostlock list | head`: not an error worth a traceback
         code = 141
     except OSError as exc:  # e.g. our own output to a full disk (`hostlock status > /dev/full`)
-        # every `hostlock flock` message starts "hostlock flock:" (a `grep 'flock: '` still matches)
-        c.say("cannot write output: %s" % c.describe_error(exc), "hostlock flock" if args[:1] == ["flock"] else c.PROG)
+        c.say("cannot write output: %s" % c.describe_error(exc), c.FLOCK_PROG if args[:1] == ["flock"] else c.PROG)
         code = c.errno_exit_code(exc.errno, c.EX_OSERR)
     if mask is None:
         _fast_exit(code)

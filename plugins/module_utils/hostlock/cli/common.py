@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only, never imported at run time
     from typing import Callable
 
 PROG = "hostlock"
+FLOCK_PROG = "hostlock flock"  # how every `hostlock flock` message starts (a `grep 'flock: '` still matches)
 
 FLEET_ENV = "HOSTLOCK_FLEET"  # the default of --fleet; empty or unset: host locks
 

@@ -30,7 +30,7 @@ from ..core.errors import LockFileError
 from ..host import pathlock as _pathlock
 from . import common as c
 
-PROG = "hostlock flock"
+PROG = c.FLOCK_PROG
 _TIME_T_END = 2.0 ** 63  # seconds a timer can take (time_t): flock(1) sets none for -w past it, nor for inf
 DEFAULT_CONFLICT = 1  # flock(1)'s, not hostlock run's 75: scripts test for it
 _PATH_BSHELL = "/bin/sh"  # flock.c: $SHELL, else _PATH_BSHELL

@@ -221,7 +221,7 @@ def _exec_child(job: Job, parent: int, mask: set[int], prctl: Callable[..., int]
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         if job.flock_exec:
-            c.say("failed to execute %s: %s" % (argv[0], why), prog="hostlock flock")  # flock(1)'s words
+            c.say("failed to execute %s: %s" % (argv[0], why), prog=c.FLOCK_PROG)  # flock(1)'s words
         else:
             c.say("cannot execute %s: %s" % (c.quote(argv[0]), why))
         code = c.EX_OSERR if getattr(exc, "errno", None) == _errno.ENOMEM else c.EX_UNAVAILABLE  # like flock(1)
