@@ -246,6 +246,25 @@ def _session_daemons(port: int) -> list[int]:
     return sorted(daemons)
 
 
+def ended(pid: int) -> bool:
+    """Whether process `pid` has ended: gone, or a zombie nobody reaps (init does not, in some containers)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def held_while_it_runs(directory: str, lock: str, pid: int, what: str, out: str) -> bool:
+    """Whether `lock` is busy (`hostlock run -n`); where it is free, `pid`, the work it must cover, must have
+    ended by then (it never ends by itself in these tests: only what ended the run may have ended it)."""
+    held = subprocess.run([*hostlock_cli(), "run", "-n", "-d", directory, lock, "true"], check=False)
+    if held.returncode == 75:
+        return True
+    assert ended(pid), f"{lock}: the lock was free while {what} ran:\n{out}"
+    return False
+
+
 def wait_for(predicate, what: str, limit: float = 180.0, proc: subprocess.Popen | None = None):
     """Poll until `predicate()` is truthy and return its value: waiting for an event, with a generous hang
     guard (not a timing assumption). With `proc`, an ansible-playbook that exits first fails at once."""

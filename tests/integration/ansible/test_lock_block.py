@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import hostlock_cli
+from harness import held_while_it_runs, hostlock_cli
 from harness import wait_for as _wait_for
 
 # The next job, through the host's CLI: records when it started and whether the block's work still ran.
@@ -219,14 +219,7 @@ def test_a_release_after_a_step_its_timeout_ended_waits_for_that_steps_work(ansi
         work_pid = _wait_for(lambda: _events(events).get("in", (0, 0))[0], "the step's work to start", proc=proc)
         out, _err = proc.communicate(timeout=120)
         assert "Timed out" in out and "RELEASED released lock" in out, out
-        held = subprocess.run([*hostlock_cli(), "run", "-n", "-d", directory, lock, "true"], check=False)
-        if held.returncode != 75:  # free: only if the work had ended by then (it never ends by itself here)
-            try:
-                state = open(f"/proc/{work_pid}/stat").read().rpartition(")")[2].split()[0]
-            except OSError:
-                state = "gone"
-            assert state in ("Z", "X", "gone"), f"{lock}: the lock was free while the timed-out step's work ran:\n{out}"
-        else:
+        if held_while_it_runs(directory, lock, work_pid, "the timed-out step's work", out):
             assert "still run here, and the lock is held until they end" in out, out
         nxt = subprocess.Popen([*hostlock_cli(), "run", "-w", "180", "-d", directory, lock,
                                 sys.executable, "-c", NEXT, str(events), str(work_pid)])

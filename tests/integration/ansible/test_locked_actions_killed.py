@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import NEXT, hostlock_cli, wait_for
+from harness import NEXT, held_while_it_runs, hostlock_cli, wait_for
 
 # copy's validate command: the work. It traps nothing, so a signal or hangup that reached it would end it
 # before its `out` line; it must not change the file it validates (exit 0).
@@ -135,13 +135,7 @@ def test_a_task_its_timeout_ends_keeps_the_lock_until_its_work_ends(ansible, eng
         assert proc.returncode != 0 and "Timed out" in out, out
         # The work runs on, as without the lock, unless the run's end ended it (Ansible's own, now and then: a
         # zombie here, whose parent is gone). While it runs, nobody else may hold the lock.
-        held = subprocess.run([*hostlock_cli(), "run", "-n", "-d", directory, lock, "true"], check=False)
-        if held.returncode != 75:  # free: only if the work had ended by then (it never ends by itself here)
-            try:
-                state = open(f"/proc/{work_pid}/stat").read().rpartition(")")[2].split()[0]
-            except OSError:
-                state = "gone"
-            assert state in ("Z", "X", "gone"), f"{lock}: the lock was free while the timed-out task's work ran:\n{out}"
+        held_while_it_runs(directory, lock, work_pid, "the timed-out task's work", out)
         nxt = subprocess.Popen([*hostlock_cli(), "run", "-w", "180", "-d", directory, lock,
                                 sys.executable, "-c", NEXT, str(events), str(work_pid)])
         wait_for(lambda: engine.status(lock, directory=directory).waiters > 0 or nxt.poll() is not None,

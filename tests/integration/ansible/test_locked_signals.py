@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import NEXT, Sshd, hostlock_cli
+from harness import NEXT, Sshd, ended, hostlock_cli
 from harness import wait_for as _wait_for
 
 # The wrapped work: nothing trapped, so whatever reaches it ends it before its `out` line.
@@ -64,11 +64,7 @@ def _marked(cell: str) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+    return not ended(pid)
 
 
 def _live(engine, ansible, lock: str) -> list:
