@@ -601,7 +601,11 @@ def test_sigint_to_the_callers_group_stops_the_calling_loop(tool, extra, launche
     try:
         assert p.stdout.readline() == "started 1\n"
         os.killpg(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=60)
+        # stdin stays open: `cat` ends only by the SIGINT (communicate() would close it, and a `cat` at EOF
+        # before the forwarded signal landed exits 0, which rightly lets the loop go on); a loop that goes on
+        # blocks in the next `cat` and times out here
+        p.wait(timeout=60)
+        out, err = p.stdout.read(), p.stderr.read()
     finally:
         if p.poll() is None:
             p.kill()
