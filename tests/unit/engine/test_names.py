@@ -101,3 +101,27 @@ def test_counts(text, n):
 def test_bad_counts(text):
     with pytest.raises(ValueError, match="whole number from 1 to 1024"):
         _names.parse_count(text, "count", 1024)
+
+
+# Issue 39 item 11: what float() or a lax unit loop let through. A unit twice or out of order is a typo, a sign
+# is never part of a duration (so '-0' is no zero), and a number that underflows to 0 was not written as 0.
+@pytest.mark.parametrize("text", ["1h1h", "30m1h", "1s1s", "1ms1s", "5m5m", "1d2d", "-0", "-0s", "+5", "+0", "-0.0",
+                                  "1e-400", "0.1e-400", "1e-400s", "1ss", "1mm", "1e", "1e+", "1e+-3", "e5", ".",
+                                  "1 h", "1h 30m", "0x10", "1.5.5", "1e3s"])
+def test_durations_a_person_did_not_mean(text):
+    with pytest.raises(hostlock.InvalidDuration) as e:
+        hostlock.parse_duration(text)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,seconds", [("1h30m", 5400), ("1d2h3m4s5ms", 93784.005), ("1m5ms", 60.005),
+                                          ("1e3", 1000), ("0e-400", 0), ("00", 0), (".5", 0.5), ("1.", 1)])
+def test_durations_written_as_a_clock_reads(text, seconds):
+    assert hostlock.parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["1e-7", "0.0001", "999us", 1e-7, 0.0009])
+def test_a_lease_shorter_than_a_millisecond_is_refused(value):
+    with pytest.raises(hostlock.InvalidDuration, match="too short|invalid"):
+        hostlock.parse_duration(value, "lease", positive=True)
+    assert hostlock.parse_duration("1ms", "lease", positive=True) == 0.001

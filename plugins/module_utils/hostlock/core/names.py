@@ -41,7 +41,11 @@ def validate_name(name: object) -> str:
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d"
+_UNIT_ORDER = ("d", "h", "m", "s", "ms")  # largest first: each at most once, in this order
+_UNIT_LETTERS = frozenset("dhms")
+_DURATION_HELP = "use seconds (1.5) or units like 250ms, 30s, 5m, 1h30m, 2d, each unit once, largest first"
+# The shortest positive duration (a lease, a TTL): anything shorter is over before its token is read.
+MIN_POSITIVE = 0.001
 
 # The longest duration hostlock accepts anywhere (leases, timeouts, --kill-after): the longest single wait
 # every primitive we sleep in can honour in one call. poll()/epoll_wait() take an int of milliseconds
@@ -57,7 +61,8 @@ def check_duration(value: object, what: str = "duration", *, positive: bool = Fa
     """`value` as float seconds if finite, >= 0 (> 0 if `positive`) and at most `limit` (MAX_DURATION).
 
     The one check behind parse_duration, hold()/renew() leases and Lock.acquire(timeout=): refusing what
-    the platform cannot honour beats accepting it and failing (or silently giving up) later.
+    the platform cannot honour beats accepting it and failing (or silently giving up) later. A positive
+    duration (a lease) is at least MIN_POSITIVE: a lease of 1e-7 s would be over before its token is read.
     """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidDuration("%s must be a number of seconds, not %r" % (what, value))
@@ -65,12 +70,18 @@ def check_duration(value: object, what: str = "duration", *, positive: bool = Fa
         seconds = float(value)
     except OverflowError:  # an int too big for a float
         seconds = _INF
+    return _in_range(seconds, value, what, positive, limit)
+
+
+def _in_range(seconds: float, shown: object, what: str, positive: bool, limit: float) -> float:
     if seconds > limit:
-        raise InvalidDuration("%s %r is too long: at most %s" % (what, value, _limit_text(limit)))
+        raise InvalidDuration("%s %r is too long: at most %s" % (what, shown, _limit_text(limit)))
+    if positive and 0 < seconds < MIN_POSITIVE:
+        raise InvalidDuration("%s %r is too short: at least %g seconds" % (what, shown, MIN_POSITIVE))
     if seconds > 0 or (seconds == 0 and not positive):
-        return seconds
-    raise InvalidDuration("invalid %s %r: must be a number of seconds %s" % (what, value, "> 0" if positive
-                                                                             else ">= 0"))  # < 0, NaN
+        return seconds + 0.0  # never -0.0
+    raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
+                          % (what, shown, "> 0" if positive else ">= 0"))  # < 0, NaN
 
 
 def _limit_text(limit: float) -> str:
@@ -81,48 +92,66 @@ def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_D
                    positive: bool = False) -> float:
     """Seconds from '90', '1.5', '250ms', '1h30m' or '2d'; plain numbers are seconds, like flock -w.
 
-    Refuses NaN, infinities, negatives (and 0 if `positive`: a lease) and anything over `limit`
+    Refuses NaN, infinities, signs (so '-0' too), a unit given twice or out of order ('1h1h', '5m1h'), a
+    number too small to be told from 0 ('1e-400'), 0 if `positive` (a lease) and anything over `limit`
     (InvalidDuration, a ValueError). The default limit is what every wait can honour; an age (gc's
     --older-than) is no wait and may be longer.
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         return check_duration(text, what, limit=limit, positive=positive)
-    if not isinstance(text, str) or not text.strip() or not text.isascii() or "_" in text:
-        # float() reads any script's digits ('1\u0663' is 13.0) and '1_0' as 10: a duration is written in
-        # plain ASCII, as strtod() reads it for flock -w, or refused.
+    value = _seconds(text.strip().lower()) if isinstance(text, str) and text.isascii() else None
+    if value is None:
+        # float() reads any script's digits ('1\u0663' is 13.0), '1_0' as 10, '-0', 'nan' and 'inf': a
+        # duration is written in plain ASCII digits and units, or refused.
+        shown = text.strip().lower() if isinstance(text, str) else ""
+        if shown.lstrip("+-") in ("inf", "infinity") and not shown.startswith("-"):
+            raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
+        if shown.startswith("-") or shown.lstrip("+") == "nan":
+            raise InvalidDuration("invalid %s %r: must be a number of seconds %s, without a sign"
+                                  % (what, text.strip(), "> 0" if positive else ">= 0"))
         raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
-    try:
-        value = float(text.strip())
-    except ValueError:
-        value = _with_units(text, what)
-    if value > limit:
-        raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
-    if value > 0 or (value == 0 and not positive):
-        return value
-    raise InvalidDuration("invalid %s %r: must be a number of seconds %s"
-                          % (what, text, "> 0" if positive else ">= 0"))  # < 0, NaN
+    if value < 0:
+        raise InvalidDuration("invalid %s %r: too small to be told from 0" % (what, text))  # 1e-400
+    return _in_range(value, text.strip(), what, positive, limit)
 
 
-def _with_units(text: str, what: str = "duration") -> float:
-    s = text.strip().lower()
-    value, number, i = 0.0, "", 0
+def _number(s: str, exponent: bool) -> float | None:
+    """A plain decimal (ASCII digits and one '.', with an exponent where allowed) as float; None if not one;
+    -1.0 if it has a digit other than 0 yet reads as 0 (it underflowed: '1e-400' is no zero)."""
+    mantissa, e, power = s.partition("e") if exponent else (s, "", "")
+    whole, _dot, frac = mantissa.partition(".")
+    if not (whole + frac) or not (whole + frac).isdigit() or (e and not power.lstrip("+-").isdigit()) \
+            or power[1:2] in ("+", "-"):
+        return None
+    value = float(s)
+    return -1.0 if value == 0 and (whole + frac).strip("0") else value
+
+
+def _seconds(s: str) -> float | None:
+    """The seconds `s` says (units each at most once, largest first, as a clock reads: '1h30m', never '1h1h'
+    or '30m1h'), None when it is not a duration, -1.0 for one that underflowed."""
+    if not s or s[0] in "+-":
+        return None
+    if s[-1] not in _UNIT_LETTERS:
+        return _number(s, True)
+    value, rank, number = 0.0, -1, ""
+    i = 0
     while i < len(s):
         c = s[i]
-        if c.isdigit() or c == ".":
+        if c in _UNIT_LETTERS:
+            unit = "ms" if s.startswith("ms", i) else c
+            got = _number(number, False) if number else None
+            if got is None or _UNIT_ORDER.index(unit) <= rank:
+                return None
+            if got < 0:
+                return -1.0
+            value += got * _UNITS[unit]
+            rank, number = _UNIT_ORDER.index(unit), ""
+            i += len(unit)
+        else:
             number += c
             i += 1
-            continue
-        unit = "ms" if s.startswith("ms", i) else c
-        if unit not in _UNITS or not number:
-            raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
-        try:
-            value += float(number) * _UNITS[unit]
-        except ValueError:
-            raise InvalidDuration("invalid %s %r: bad number %r" % (what, text, number)) from None
-        number, i = "", i + len(unit)
-    if number:
-        raise InvalidDuration("invalid %s %r: number %r has no unit" % (what, text, number))
-    return value
+    return None if number else value
 
 
 def parse_count(text: object, what: str, high: int) -> int:
