@@ -52,16 +52,26 @@ def status(name: str, directory: str | None = None, *, fleet: str | None = None)
         return fleet_backend(fleet).status(name)
     import posixpath
 
-    from .host.directory import default_directory, open_directory, read_marker
+    from .host.directory import default_directory, open_directory
 
     directory = posixpath.abspath(directory or default_directory())
     if not posixpath.lexists(directory):
         return LockStatus(name, directory, posixpath.join(directory, name + ".lock"), "none", 1, [], 0)
     dirfd = open_directory(directory)[0]
     try:
-        return _status(dirfd, directory, name, read_marker(dirfd, directory) or "none")
+        return _status(dirfd, directory, name, _mechanism(dirfd, directory))
     finally:
         os.close(dirfd)
+
+
+def _mechanism(dirfd: int, directory: str) -> str:
+    """The directory's mechanism as its trusted marker records it, else the kernel's answer for it, as a
+    process taking a lock there decides (host.directory.directory_mechanism): never a marker another user
+    wrote, nor "nothing here" because no trusted marker is there yet (members lock without recording)."""
+    from .host.directory import read_marker
+    from .host.kernel import probe
+
+    return read_marker(dirfd, directory) or probe(dirfd)
 
 
 def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus:
@@ -87,9 +97,9 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
     f = _KERNEL[mechanism].file_class(fd, path)
     try:
         st = os.fstat(fd)
-        slots, entries, tickets = _KERNEL[mechanism].inspect(f)
-    except LockFileError as e:  # a corrupt header: nobody can lock it until it is removed
-        return LockStatus(name, directory, path, mechanism, 1, [], 0, problem=str(e), corrupt=True)
+        # A corrupt header (`problem`: nobody can lock the file until it is removed) still leaves the holders
+        # the kernel shows: a header is text, a held lock is never reported free.
+        slots, entries, tickets, problem = _KERNEL[mechanism].inspect(f)
     finally:
         f.close()
     # The lock every holder must hold, as the kernel lists it (its file's owner says nothing about them:
@@ -99,7 +109,8 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
     holders = [_holder(fields, m, s, held_by_kernel=True, file=_held_range(dirfd, name, mechanism, st, s))
                for fields, m, s in records]
     waiters = len([t for t in tickets if str(t) not in holding])
-    return LockStatus(name, directory, path, mechanism, slots, holders, waiters)
+    return LockStatus(name, directory, path, mechanism, slots, holders, waiters, problem=problem,
+                      corrupt=problem is not None)
 
 
 def _held_range(dirfd: int, name: str, mechanism: str, st: os.stat_result, slot: int | None) -> tuple | None:
@@ -129,14 +140,14 @@ def list_locks(directory: str | None = None, *, fleet: str | None = None) -> lis
         return fleet_backend(fleet).list_locks()
     import posixpath
 
-    from .host.directory import default_directory, open_directory, read_marker
+    from .host.directory import default_directory, open_directory
 
     directory = posixpath.abspath(directory or default_directory())
     if not posixpath.lexists(directory):
         return []
     dirfd = open_directory(directory)[0]
     try:
-        mechanism = read_marker(dirfd, directory) or "none"
+        mechanism = _mechanism(dirfd, directory)
         names = set()
         for entry in os.listdir(dirfd):
             if mechanism == "record":
@@ -183,8 +194,6 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
     acted = []
     if st.mechanism == "record":
         acted += _remove_dead_records(directory, name)
-    elif st.corrupt and force:
-        _remove_corrupt(directory, name, st.mechanism)
     targets = []
     for h in st.holders:
         if h.forged or h.problem or h.alive is False or not isinstance(h.pid, int):
@@ -201,6 +210,8 @@ def break_lock(name: str, directory: str | None = None, force: bool = False, wai
         raise HostlockError("not permitted to end a holder of lock %r: it belongs to another user" % name,
                             directory=directory, errno=errno.EPERM) from None
     acted += ended
+    if st.corrupt and force:  # once its holders are ended: removed only while nobody has it locked
+        _remove_corrupt(directory, name, st.mechanism)
     if ended and st.mechanism == "record":
         # An ended holder that died without cleaning up leaves its owner file: proven dead now, remove it.
         gone = {h.pid for h in ended}

@@ -263,23 +263,43 @@ def file_error(what: str, path: str, e: OSError) -> Exception:
     return LockFileError("%s %s: %s" % (what, path, e.strerror), path=path, errno=e.errno)
 
 
-def read_marker(dirfd: int, directory: str) -> str | None:
-    """The directory's recorded mechanism, or None if nothing has locked there yet (never creates it)."""
+def _trusted_marker(st: os.stat_result, dst: os.stat_result) -> bool:
+    """Whether a marker's value may decide a mechanism: a plain file of root's or the directory owner's (the
+    only users who may choose it for everyone), with one name, that nobody else may write. A marker another
+    user made, can write, or linked in from elsewhere (a second name) is no record of anything."""
+    return (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid in (0, dst.st_uid)
+            and not st.st_mode & 0o022)
+
+
+def _open_marker(dirfd: int, directory: str) -> tuple[int, bool] | None:
+    """The marker (fd, trusted), or None when there is none; a symlink there (ELOOP) is an untrusted one."""
     try:
         fd = os.open(MARKER, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
     except FileNotFoundError:
         return None
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            return -1, False
         raise file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+    return fd, _trusted_marker(os.fstat(fd), os.fstat(dirfd))
+
+
+def read_marker(dirfd: int, directory: str) -> str | None:
+    """The directory's recorded mechanism, or None if nothing has locked there yet or the marker is not one
+    root or the directory's owner recorded (never creates it)."""
+    found = _open_marker(dirfd, directory)
+    if found is None or found[0] < 0:
+        return None
+    fd, trusted = found
+    if not trusted:
+        os.close(fd)
+        return None
     return _read_marker(fd, directory) or None
 
 
 def _read_marker(fd: int, directory: str) -> str:
-    """Read and close an open marker file; it must be a regular file like every lock path."""
+    """Read and close an open marker file (trusted: see _trusted_marker)."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LockFileError("%s is not a regular file: remove it" % os.path.join(directory, MARKER),
-                                path=os.path.join(directory, MARKER))
         return os.read(fd, 64).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
@@ -326,51 +346,115 @@ def _fresh_file(dirfd: int, pattern: str, mode: int) -> tuple[int, str]:
 def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Callable[[int], str]) -> str:
     """The directory's one mechanism: every process on a directory must use the same one, or none excludes.
 
-    The first user records it in a marker file; `probe(fd)` returns the kernel mechanism that works here
-    ("ofd"/"flock") or "record" when the filesystem refuses kernel locks.
+    Recorded in a marker file, which only root or the directory's owner write and which decides only while
+    it is theirs alone (_trusted_marker): a marker another user made, can write or linked in is never read.
+    They replace such a marker with their own; other users set it aside. Without a trusted marker the
+    mechanism is the one asked for, else the kernel's answer on this filesystem (`probe(fd)`: "ofd"/"flock",
+    or "record" when it refuses kernel locks), the same for every process that asks.
     """
-    try:
-        fd = os.open(MARKER, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dirfd)
-    except FileNotFoundError:
-        try:
-            wfd, tmp = _fresh_file(dirfd, MARKER + ".%s", 0o644)
+    dst = os.fstat(dirfd)
+    recorder = os.geteuid() in (0, dst.st_uid)  # who may record (and replace) the directory's mechanism
+    for _try in range(8):
+        found = _open_marker(dirfd, directory)
+        if found is not None and found[1]:
+            recorded = _read_marker(found[0], directory)
+            if recorded not in MECHANISMS:
+                raise MechanismError("%s names an unknown mechanism %r: remove the file when no locks are held"
+                                     % (os.path.join(directory, MARKER), recorded), directory=directory)
+            if requested not in ("auto", recorded):
+                raise MechanismError(
+                    "lock directory %s uses the %r mechanism, not %r: processes using different mechanisms "
+                    "would not exclude each other. Use mechanism='auto' or another directory"
+                    % (directory, recorded, requested), directory=directory)
+            return recorded
+        if found is not None:
+            fd = found[0]
             try:
-                os.fchmod(wfd, 0o644)
-                # Probe kernel locks on the marker file itself: no extra file left behind.
-                chosen = requested if requested != "auto" else probe(wfd)
-                os.write(wfd, (chosen + "\n").encode())
-                os.close(wfd)
-                wfd = -1
-                try:
-                    os.link(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-                except FileExistsError:
-                    pass
+                judged = os.fstat(fd) if fd >= 0 else os.stat(MARKER, dir_fd=dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # the planted link went meanwhile: look again
             finally:
-                # Whatever failed (a full disk fails the write), the temporary name never stays behind.
-                if wfd >= 0:
-                    os.close(wfd)
-                os.unlink(tmp, dir_fd=dirfd)
-        except OSError as e:
-            raise file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
-        return directory_mechanism(dirfd, directory, requested, probe)
-    except OSError as e:
-        raise file_error("cannot read mechanism marker", os.path.join(directory, MARKER), e) from None
+                if fd >= 0:
+                    os.close(fd)
+            if not recorder:
+                return requested if requested != "auto" else _probe_here(dirfd, directory, probe)
+            _set_aside(dirfd, judged, dst)  # then record ours, below, as where there was none
+        elif not recorder:
+            return requested if requested != "auto" else _probe_here(dirfd, directory, probe)
+        _record(dirfd, directory, requested, probe)
+    raise MechanismError("the mechanism marker in %s kept changing under us: remove %s when no locks are held"
+                         % (directory, os.path.join(directory, MARKER)), directory=directory)
+
+
+def _record(dirfd: int, directory: str, requested: str, probe: Callable[[int], str]) -> None:
+    """Publish our marker where none is (link(2): never over another's); the caller reads what won."""
     try:
-        owner = must_adopt(dirfd, fd)
-    except BaseException:
+        wfd, tmp = _fresh_file(dirfd, MARKER + ".%s", 0o644)
+        try:
+            os.fchmod(wfd, 0o644)
+            # Probe kernel locks on the marker file itself: no extra file left behind.
+            chosen = requested if requested != "auto" else probe(wfd)
+            os.write(wfd, (chosen + "\n").encode())
+            os.close(wfd)
+            wfd = -1
+            try:
+                os.link(tmp, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            except FileExistsError:
+                pass
+        finally:
+            # Whatever failed (a full disk fails the write), the temporary name never stays behind.
+            if wfd >= 0:
+                os.close(wfd)
+            os.unlink(tmp, dir_fd=dirfd)
+    except OSError as e:
+        raise file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
+
+
+def _set_aside(dirfd: int, judged: os.stat_result, dst: os.stat_result) -> None:
+    """Remove the untrusted marker `judged` (root or the directory's owner: nobody else may remove another's
+    file in a sticky directory). By rename to a random name, not unlink: whatever is at the name moves as a
+    whole, and if it is no longer the one judged (another of our processes recorded its own meanwhile) it is
+    put back, never lost."""
+    try:
+        fd, aside = _fresh_file(dirfd, MARKER + ".%s.old", 0o600)  # a name nobody can have taken first
         os.close(fd)
-        raise
-    recorded = _read_marker(fd, directory)
-    if owner is not None and recorded in MECHANISMS:
-        # Another user's marker, which its owner could replace (say with "record" while we hold an OFD
-        # lock: the next process would not see our lock). Ours from now on, with the value it has now.
-        replace_own(dirfd, directory, MARKER, 0o644, (recorded + "\n").encode(), "mechanism marker")
-    if recorded not in MECHANISMS:
-        raise MechanismError("%s names an unknown mechanism %r: remove the file when no locks are held"
-                             % (os.path.join(directory, MARKER), recorded), directory=directory)
-    if requested not in ("auto", recorded):
-        raise MechanismError(
-            "lock directory %s uses the %r mechanism, not %r: processes using different mechanisms would "
-            "not exclude each other. Use mechanism='auto' or another directory" % (directory, recorded, requested),
-            directory=directory)
-    return recorded
+    except OSError:
+        return  # the caller's next look decides (a marker we cannot move is never trusted)
+    try:
+        os.rename(MARKER, aside, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except OSError:  # gone meanwhile, or not ours to move
+        try:
+            os.unlink(aside, dir_fd=dirfd)
+        except OSError:
+            pass
+        return
+    try:
+        st = os.stat(aside, dir_fd=dirfd, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != (judged.st_dev, judged.st_ino) and _trusted_marker(st, dst):
+            try:
+                os.link(aside, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            except OSError:
+                pass  # another took the name: the caller reads that one
+        try:
+            os.unlink(aside, dir_fd=dirfd)
+        except IsADirectoryError:
+            os.rmdir(aside, dir_fd=dirfd)
+    except OSError:
+        pass
+
+
+def _probe_here(dirfd: int, directory: str, probe: Callable[[int], str]) -> str:
+    """The kernel's answer for this directory without recording it: probed on a file of our own made and
+    removed at once (what _record probes on), else on the directory itself where we may not create one."""
+    try:
+        fd, tmp = _fresh_file(dirfd, "." + MARKER.lstrip(".") + ".probe.%s", 0o600)
+    except OSError:
+        return probe(dirfd)
+    try:
+        return probe(fd)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except OSError:
+            pass

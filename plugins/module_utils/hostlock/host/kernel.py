@@ -122,6 +122,11 @@ class LockFile:
         """(type, start) of a lock held by anyone else that would block `kind` on the range, or None."""
         raise NotImplementedError
 
+    def held_starts(self, lo: int, hi: int) -> list[int]:
+        """The starts of ranges in [lo, hi) that others hold, lowest first, in a number of calls bounded by
+        what is held (never by the range's width, nor by the file's size)."""
+        raise NotImplementedError
+
     def reopen(self) -> LockFile:
         """Another open file of the same lock, whose locks exclude this one's (for a helper thread)."""
         raise NotImplementedError
@@ -148,6 +153,21 @@ class OfdFile(LockFile):
         """(type, start) of a lock that would block `kind` on the range, held by anyone else, or None."""
         got = _FLOCK.unpack(fcntl.fcntl(self.fd, F_OFD_GETLK, _pack(kind, start, length)))
         return None if got[0] == UN else (got[0], got[2])
+
+    def held_starts(self, lo: int, hi: int) -> list[int]:
+        # F_OFD_GETLK over a span names one lock in it; split the span around it and look again. A lock
+        # wider than one byte (held by hand) is found once, at its start.
+        found = []
+        spans = [(lo, hi)]
+        while spans:
+            a, b = spans.pop()
+            if a >= b:
+                continue
+            got = self.conflict(a, WR, b - a)
+            if got is not None and a <= got[1] < b:
+                found.append(got[1])
+                spans += [(a, got[1]), (got[1] + 1, b)]
+        return sorted(found)
 
     def reopen(self) -> OfdFile:
         """A new open file description of the same inode (no path lookup, so no race with renames)."""
@@ -216,6 +236,17 @@ class FlockFile(LockFile):
             return (WR, start)
         finally:
             probe.close()
+
+    def held_starts(self, lo: int, hi: int) -> list[int]:
+        # Each range is a file of its own (NAME.lock.START), made when first used and taken lowest first: look
+        # at those that exist, up to the first missing one.
+        found = []
+        for start in range(lo, hi):
+            if not os.path.lexists("%s.%d" % (self.path, start)):
+                break
+            if self.conflict(start, WR) is not None:
+                found.append(start)
+        return found
 
     def reopen(self) -> FlockFile:
         return FlockFile(os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW), self.path)
@@ -480,56 +511,48 @@ class KernelMechanism:
             f.close()
 
     # -- inspecting ----------------------------------------------------------------------------------
-    def inspect(self, f: LockFile) -> tuple[int, list, list]:
-        """(slots, [(record bytes or None, mode, slot)], queue tickets held) read without taking anything.
+    def inspect(self, f: LockFile) -> tuple[int, list, list, str | None]:
+        """(slots, [(record bytes or None, mode, slot)], queue tickets held, problem) read without taking
+        anything.
 
-        Tickets are held by waiters, and by an exclusive holder that came through the queue (its record
-        names its ticket).
+        Who holds is the kernel's word: its lock tables are looked at whatever the file's bytes say. The
+        header, counter and records are text a member of a shared directory may write (or grow sparse to
+        any size), so they are read in bounded pieces and never decide that a lock is free: a header
+        hostlock did not write is `problem`, reported beside the holders the kernel shows. Tickets are held
+        by waiters, and by an exclusive holder that came through the queue (its record names its ticket).
         """
         head = os.pread(f.fd, HEADER_SIZE, 0)
-        if not head.strip(b"\0"):
-            return 1, [], []
-        if not head.startswith(b"HOSTLOCK "):
-            raise _corrupt(f.path, head)  # what wrap() refuses, status reports the same way
-        slots = _header_slots(head, f.path)
-        size = os.fstat(f.fd).st_size
-        records = os.pread(f.fd, max(0, size - RECORD_BASE), RECORD_BASE) if size > RECORD_BASE else b""
+        slots, problem = 1, None
+        if head.startswith(b"HOSTLOCK "):
+            try:
+                slots = _header_slots(head, f.path)
+            except OSError as e:  # CorruptLockFile: what wrap() refuses, reported the same way
+                problem = str(e)
+        elif head.strip(b"\0"):
+            problem = str(_corrupt(f.path, head))
 
         def record(i: int) -> bytes | None:
-            data = records[i * RECORD_SIZE:(i + 1) * RECORD_SIZE]
+            data = os.pread(f.fd, RECORD_SIZE, RECORD_BASE + i * RECORD_SIZE)
             return data if data.strip(b"\0\n") else None
 
         entries: list[tuple[bytes | None, str, int | None]] = []
-        # Both kinds of range are looked at whatever the header says: the header is only text a member of a
-        # shared directory can rewrite, and a holder of the other kind must never be reported as free.
-        if slots > 1 or f.conflict(SLOT0, RD, MAX_SLOTS):
-            for k in range(MAX_SLOTS if slots == 1 else slots):
-                if f.conflict(SLOT0 + k, RD):
-                    entries.append((record(1 + k), "exclusive", k))
+        # Both kinds of range are looked at whatever the header says: a holder of the other kind must never
+        # be reported as free.
+        for start in f.held_starts(SLOT0, SLOT0 + MAX_SLOTS):
+            entries.append((record(1 + start - SLOT0), "exclusive", start - SLOT0))
         main = f.conflict(MAIN, WR)
         if main and main[0] == WR:
             entries.append((record(0), "exclusive", None))
         elif main:
-            found = 0
-            for i in range(1, max(2, len(records) // RECORD_SIZE + 1)):
-                if f.conflict(REC0 + i, RD):
-                    entries.append((record(i), "shared", None))
-                    found += 1
-            if not found:
+            readers = f.held_starts(REC0 + 1, QUEUE0)
+            entries += [(record(start - REC0), "shared", None) for start in readers]
+            if not readers:
                 entries.append((None, "shared", None))
         tickets = []
         if f.fair:
             end = QUEUE0 + (_counter(f) or TICKETS)  # a counter read as 0 (wrapped or garbage): look at all
-            spans = [(QUEUE0, end)]
-            while spans:
-                lo, hi = spans.pop()
-                if lo >= hi:
-                    continue
-                got = f.conflict(lo, WR, hi - lo)
-                if got is not None and lo <= got[1] < hi:
-                    tickets.append(got[1] - QUEUE0)
-                    spans += [(lo, got[1]), (got[1] + 1, hi)]
-        return slots, entries, tickets
+            tickets = [start - QUEUE0 for start in f.held_starts(QUEUE0, end)]
+        return slots, entries, tickets, problem
 
 
 def _wait(f: LockFile, start: int, kind: int, alarm: Alarm | None) -> bool:
