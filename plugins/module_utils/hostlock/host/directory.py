@@ -348,12 +348,14 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Calla
 
     Recorded in a marker file, which only root or the directory's owner write and which decides only while
     it is theirs alone (_trusted_marker): a marker another user made, can write or linked in is never read.
-    They replace such a marker with their own; other users set it aside. Without a trusted marker the
-    mechanism is the one asked for, else the kernel's answer on this filesystem (`probe(fd)`: "ofd"/"flock",
-    or "record" when it refuses kernel locks), the same for every process that asks.
+    Without a trusted marker the mechanism is the kernel's answer on this filesystem (`probe(fd)`:
+    "ofd"/"flock", or "record" when it refuses kernel locks), the same for every process that asks, or what
+    was asked for. Root and the directory's owner record it: where no marker is, what they use (link(2),
+    never over another's); over an untrusted one, the kernel's answer whatever was asked (renamed over it:
+    the name is never missing, so no other process can record anything in between, and every process
+    replacing one writes the same value).
     """
-    dst = os.fstat(dirfd)
-    recorder = os.geteuid() in (0, dst.st_uid)  # who may record (and replace) the directory's mechanism
+    recorder = os.geteuid() in (0, os.fstat(dirfd).st_uid)  # who may record the directory's mechanism
     for _try in range(8):
         found = _open_marker(dirfd, directory)
         if found is not None and found[1]:
@@ -367,21 +369,25 @@ def directory_mechanism(dirfd: int, directory: str, requested: str, probe: Calla
                     "would not exclude each other. Use mechanism='auto' or another directory"
                     % (directory, recorded, requested), directory=directory)
             return recorded
-        if found is not None:
-            fd = found[0]
-            try:
-                judged = os.fstat(fd) if fd >= 0 else os.stat(MARKER, dir_fd=dirfd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # the planted link went meanwhile: look again
-            finally:
-                if fd >= 0:
-                    os.close(fd)
-            if not recorder:
-                return requested if requested != "auto" else _probe_here(dirfd, directory, probe)
-            _set_aside(dirfd, judged, dst)  # then record ours, below, as where there was none
-        elif not recorder:
+        planted_dir = False
+        if found is not None and found[0] >= 0:
+            planted_dir = stat.S_ISDIR(os.fstat(found[0]).st_mode)
+            os.close(found[0])
+        if not recorder:
             return requested if requested != "auto" else _probe_here(dirfd, directory, probe)
-        _record(dirfd, directory, requested, probe)
+        if found is None:
+            _record(dirfd, directory, requested, probe)
+        elif planted_dir:  # nothing can be renamed over a directory: moved aside whole, under a random name
+            try:
+                fd, aside = _fresh_file(dirfd, MARKER + ".%s.old", 0o600)
+                os.close(fd)
+                os.unlink(aside, dir_fd=dirfd)
+                os.rename(MARKER, aside, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            except OSError as e:
+                raise file_error("cannot move aside the directory at", os.path.join(directory, MARKER), e) from None
+        else:  # another user's, or one they can write or linked in: ours in its place, with the kernel's answer
+            replace_own(dirfd, directory, MARKER, 0o644,
+                        (_probe_here(dirfd, directory, probe) + "\n").encode(), "mechanism marker")
     raise MechanismError("the mechanism marker in %s kept changing under us: remove %s when no locks are held"
                          % (directory, os.path.join(directory, MARKER)), directory=directory)
 
@@ -408,39 +414,6 @@ def _record(dirfd: int, directory: str, requested: str, probe: Callable[[int], s
             os.unlink(tmp, dir_fd=dirfd)
     except OSError as e:
         raise file_error("cannot create mechanism marker", os.path.join(directory, MARKER), e) from None
-
-
-def _set_aside(dirfd: int, judged: os.stat_result, dst: os.stat_result) -> None:
-    """Remove the untrusted marker `judged` (root or the directory's owner: nobody else may remove another's
-    file in a sticky directory). By rename to a random name, not unlink: whatever is at the name moves as a
-    whole, and if it is no longer the one judged (another of our processes recorded its own meanwhile) it is
-    put back, never lost."""
-    try:
-        fd, aside = _fresh_file(dirfd, MARKER + ".%s.old", 0o600)  # a name nobody can have taken first
-        os.close(fd)
-    except OSError:
-        return  # the caller's next look decides (a marker we cannot move is never trusted)
-    try:
-        os.rename(MARKER, aside, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-    except OSError:  # gone meanwhile, or not ours to move
-        try:
-            os.unlink(aside, dir_fd=dirfd)
-        except OSError:
-            pass
-        return
-    try:
-        st = os.stat(aside, dir_fd=dirfd, follow_symlinks=False)
-        if (st.st_dev, st.st_ino) != (judged.st_dev, judged.st_ino) and _trusted_marker(st, dst):
-            try:
-                os.link(aside, MARKER, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            except OSError:
-                pass  # another took the name: the caller reads that one
-        try:
-            os.unlink(aside, dir_fd=dirfd)
-        except IsADirectoryError:
-            os.rmdir(aside, dir_fd=dirfd)
-    except OSError:
-        pass
 
 
 def _probe_here(dirfd: int, directory: str, probe: Callable[[int], str]) -> str:
