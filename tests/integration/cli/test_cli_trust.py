@@ -9,9 +9,12 @@ import sys
 import textwrap
 
 import engine_helpers
+import pytest
 from engine_helpers import LIB, as_member, needs_users, wait_line
 
 shared_group = engine_helpers.shared_group  # a fixture
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by other users (the venv's interpreter may live under /root)
 
 HOLD = textwrap.dedent(r"""
     import sys, hostlock
@@ -73,3 +76,136 @@ def test_a_sparse_file_a_member_grows_costs_status_list_and_break_nothing(cli, s
         assert r.returncode == 0, r.stdout + r.stderr  # a grown file still locks
     finally:
         _end(holder)
+
+
+# -- item 3: the lock directory's parents -------------------------------------------------------------------------
+
+OUTSIDER = 65533  # a user in no group of the test's: "another user", neither root nor a member
+
+
+@pytest.fixture
+def arena():
+    """A directory every user can reach (pytest's own tmp_path is root's, 0700), removed afterwards."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    top = tempfile.mkdtemp(prefix="hostlock-trust-", dir="/tmp")
+    os.chmod(top, 0o755)
+    yield Path(top)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def public_launcher():
+    """The installed command as other users can run it: the distribution's python3, a readable directory."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from cli_support import make_launcher
+
+    if not os.path.exists(SYSTEM_PYTHON):
+        pytest.skip("needs %s, which other users can run" % SYSTEM_PYTHON)
+    top = tempfile.mkdtemp(prefix="hostlock-bin-", dir="/tmp")
+    os.chmod(top, 0o755)
+    yield str(make_launcher(Path(top), SYSTEM_PYTHON))
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def _as(uid: int, gid: int, argv: list, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", "--reuid=%d" % uid, "--regid=%d" % gid, "--groups=%d" % gid, *argv],
+                          capture_output=True, text=True, timeout=30, check=False, **kw)
+
+
+def _parents(top: str, kind: str) -> str:
+    """A lock directory of root's under a parent `kind` makes another user's to change; returns its path."""
+    import grp
+    import uuid
+
+    base = os.path.join(top, kind)
+    os.mkdir(base, 0o755)
+    if kind == "parent-of-another-user":
+        os.chown(base, OUTSIDER, OUTSIDER)
+        locks = os.path.join(base, "locks")
+    elif kind == "grandparent-of-another-user":
+        os.chown(base, OUTSIDER, OUTSIDER)
+        os.makedirs(os.path.join(base, "mid"), 0o755)
+        locks = os.path.join(base, "mid", "locks")
+    elif kind == "world-writable-parent":
+        os.chmod(base, 0o777)
+        locks = os.path.join(base, "locks")
+    else:  # group-writable-parent: a group root is not in (2775, as a team's directory)
+        name = "hlp%s" % uuid.uuid4().hex[:10]
+        subprocess.run(["groupadd", name], check=True, capture_output=True)
+        os.chown(base, 0, grp.getgrnam(name).gr_gid)
+        os.chmod(base, 0o2775)
+        locks = os.path.join(base, "locks")
+    os.mkdir(locks, 0o755)
+    return locks
+
+
+PARENTS = ["parent-of-another-user", "grandparent-of-another-user", "world-writable-parent", "group-writable-parent"]
+
+
+@needs_users
+@pytest.mark.parametrize("kind", PARENTS)
+@pytest.mark.parametrize("how", ["--dir", "HOSTLOCK_DIR"])
+def test_root_refuses_a_lock_directory_whose_parents_another_user_can_change(cli, arena, kind, how):
+    """Whoever may rename the lock directory away (or one above it) while root holds a lock in it would let the
+    next `run -n` make a new one and run beside the first job: refused from the first open, 66, one line."""
+    locks = _parents(str(arena), kind)
+    try:
+        args = ["-d", locks] if how == "--dir" else []
+        env = dict(cli.env, HOSTLOCK_DIR=locks) if how == "HOSTLOCK_DIR" else cli.env
+        for command in (["run", "-n", *args, "job", "true"], ["hold", *args, "job", "--lease", "10"],
+                        ["status", *args, "job"]):
+            r = cli.run(*command, env=env)
+            assert r.returncode == 66 and "rename it away" in r.stderr, (command, r.stdout, r.stderr)
+            assert len(r.stderr.splitlines()) == 1, r.stderr
+        assert os.listdir(locks) == []  # nothing was created under it
+    finally:
+        if kind == "group-writable-parent":
+            import grp
+
+            subprocess.run(["groupdel", grp.getgrgid(os.stat(os.path.dirname(locks)).st_gid).gr_name],
+                           capture_output=True, check=False)
+
+
+@needs_users
+def test_the_attack_itself_renaming_roots_lock_directory_away_cannot_start(cli, arena):
+    """The reproduction: the parent's owner renames the directory away while root holds a lock in it. It is
+    refused before root holds anything, so there is no lock to split."""
+    parent = arena / "theirs"
+    parent.mkdir(mode=0o755)
+    os.chown(parent, OUTSIDER, OUTSIDER)
+    locks = parent / "locks"
+    locks.mkdir(mode=0o755)
+    job = cli.start("run", "-d", locks, "j", "--", "sleep", "60")
+    assert job.wait(timeout=30) == 66, job.stderr.read()
+    r = _as(OUTSIDER, OUTSIDER, ["mv", str(locks), str(parent / "away")])
+    assert r.returncode == 0, r.stderr  # they can: which is why root refuses the directory
+    assert cli.run("run", "-n", "-d", locks, "j", "true").returncode == 66
+
+
+@needs_users
+def test_a_member_is_held_to_the_same_rule_and_trusted_parents_are_used(cli, shared_group, arena,
+                                                                        public_launcher):
+    """The same for another user pair: a member's lock directory under an unrelated user's directory is refused;
+    root's own, a sticky /tmp with the directory root's, a member's directory in root's 3770 one are used."""
+    shared, gid = shared_group
+    top = arena
+    theirs = top / "outsiders"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, OUTSIDER, OUTSIDER)
+    (theirs / "locks").mkdir(mode=0o777)
+    os.chmod(theirs / "locks", 0o1777)
+    r = as_member(gid, [public_launcher, "run", "-n", "-d", str(theirs / "locks"), "m", "true"], env=dict(cli.env))
+    assert r.returncode == 66 and "belongs to uid %d" % OUTSIDER in r.stderr, r.stdout + r.stderr
+    sticky = top / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    (sticky / "roots").mkdir(mode=0o700)
+    assert cli.run("run", "-n", "-d", sticky / "roots", "r", "true").returncode == 0
+    r = as_member(gid, [public_launcher, "run", "-n", "-d", shared, "m", "true"], env=dict(cli.env))
+    assert r.returncode == 0, r.stderr

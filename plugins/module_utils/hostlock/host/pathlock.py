@@ -38,29 +38,13 @@ def _open(path: str, flags: int, mode: int, parent: list | None = None) -> int:
 def _replaceable(st: os.stat_result, dst: os.stat_result | None) -> str | None:
     """Why a lock on this file would not hold, or None: someone we do not trust could remove it and create
     another under the name while we hold this one, and the next locker would lock that one, beside us (two
-    holders). That is anybody, in a directory every user may write without the sticky bit; another user's
-    file's owner, in a sticky directory others can write (/tmp: fs.protected_regular refuses this open, and so
-    flock(1), where it is set); and for root, also a directory another user owns, or one a group root is not
-    in may write (root's locks must not be another user's to break). Other users trust what they choose."""
+    holders): host.safepath.replaceable, the rule for every entry hostlock relies on (in a sticky directory
+    others can write, fs.protected_regular refuses the open of another user's file, and so flock(1))."""
     if not stat.S_ISREG(st.st_mode) or dst is None:  # None: the path named a directory ("/", "a/..")
         return None
-    me = os.geteuid()
-    sticky = dst.st_mode & stat.S_ISVTX
-    if dst.st_mode & 0o002 and not sticky:
-        return ("its directory is writable by every user, without the sticky bit (mode %o): anyone could remove "
-                "it and make another while we hold this one (two holders)" % stat.S_IMODE(dst.st_mode))
-    if sticky and dst.st_mode & 0o022 and st.st_uid not in (me, 0, dst.st_uid):
-        return ("it belongs to uid %d, in a sticky directory others can write: its owner could remove it and "
-                "make another while we hold this one (two holders); refused, as fs.protected_regular refuses "
-                "this open" % st.st_uid)
-    if me == 0 and dst.st_uid != 0:
-        return ("its directory belongs to uid %d, another user, who could remove it and make another while root "
-                "holds this one (two holders)" % dst.st_uid)
-    if me == 0 and dst.st_mode & 0o020 and not sticky and dst.st_gid != 0 and dst.st_gid not in os.getgroups():
-        return ("its directory is writable by group %d, which root is not in (mode %o): a member could remove "
-                "it and make another while root holds this one (two holders)"
-                % (dst.st_gid, stat.S_IMODE(dst.st_mode)))
-    return None
+    why = _safepath.replaceable(st, dst, strict=False)
+    return None if why is None else "%s, who could remove it and make another while we hold this one (two " \
+        "holders)" % why
 
 
 def open_path(path: str, flags: int) -> tuple[int, int]:

@@ -68,6 +68,33 @@ def _why_refused(link_st: os.stat_result, dir_st: os.stat_result) -> str | None:
     return None
 
 
+def replaceable(st: os.stat_result, dst: os.stat_result, strict: bool = True) -> str | None:
+    """Why someone we do not trust could remove the entry `st` of directory `dst`, or rename it away, and put
+    another in its place while we rely on it (a lock file: two holders; a lock directory or one above it: a
+    new directory beside our held lock), or None. That is anybody, in a directory every user may write
+    without the sticky bit; the entry's owner, when it is another user's in a sticky directory others can
+    write; the owner of a directory that is another user's (not root's); and the members of a group we are
+    not in that may write it. `strict=False` (a path lock, flock(1)'s file) keeps those last two for root
+    only: another user who locks a file in a directory someone else owns or a group of theirs may write trusts
+    that directory's users, as with flock(1); root's locks must never be another user's to break."""
+    me = os.geteuid()
+    sticky = dst.st_mode & stat.S_ISVTX
+    if dst.st_mode & 0o002 and not sticky:
+        return ("its directory is writable by every user, without the sticky bit (mode %o)"
+                % stat.S_IMODE(dst.st_mode))
+    if sticky and dst.st_mode & 0o022 and st.st_uid not in (me, 0, dst.st_uid):
+        return "it belongs to uid %d, in a sticky directory others can write" % st.st_uid
+    if not strict and me != 0:
+        return None
+    if dst.st_uid not in (0, me):
+        return "its directory belongs to uid %d, another user" % dst.st_uid
+    if dst.st_mode & 0o020 and not sticky and dst.st_gid != 0 and dst.st_gid not in os.getgroups() \
+            and dst.st_gid != os.getegid():
+        return ("its directory is writable by group %d, which %s not in (mode %o)"
+                % (dst.st_gid, "root is" if me == 0 else "we are", stat.S_IMODE(dst.st_mode)))
+    return None
+
+
 def _components(path: str) -> list[str]:
     # "." stays (as the kernel, "file/." and "file/" must be ENOTDIR); a trailing slash is a trailing ".".
     parts = [p for p in path.split("/") if p]
@@ -112,7 +139,7 @@ def _follow(dirfd: int, name: str, shown: str, hops: list) -> str:
 
 
 def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True,
-              parent: list | None = None) -> int:
+              parent: list | None = None, entries: bool = False) -> int:
     """os.open(path, flags, mode) with no symlink followed that another user could have planted.
 
     Every component is opened relative to the directory before it (O_NOFOLLOW, so the kernel follows
@@ -122,6 +149,9 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
     ("/", "a/..") opens it with `flags`. With follow_last=False a symlink as the last component is the
     caller's to refuse: the open gives the error O_NOFOLLOW gives (ELOOP). With `parent`, the os.stat_result
     of the directory the file was opened in (the one the walk reached, links followed) is appended to it.
+    With `entries` (a lock directory: everything below it is relied on while a lock is held), every directory
+    walked into by name, and the last component, must be one nobody we do not trust could rename away and
+    replace (`replaceable`): UnsafePath naming it otherwise.
     """
     if "\0" in path:
         raise ValueError("embedded null byte")
@@ -141,6 +171,8 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
             try:
                 if pending or name in (".", ".."):
                     nfd = _open_dir_at(fd, name)  # O_NOFOLLOW: a symlink gives ELOOP (ENOTDIR with O_PATH)
+                    if entries and name not in (".", ".."):
+                        _check_entry(nfd, fd, shown + name)
                     os.close(fd)
                     fd = nfd
                     shown += "" if name == "." else name + "/"
@@ -149,6 +181,12 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
                 if not (_O_PATH and flags & _O_PATH and stat.S_ISLNK(os.fstat(got).st_mode)):
                     if parent is not None:
                         parent.append(os.fstat(fd))
+                    if entries:
+                        try:
+                            _check_entry(got, fd, shown + name)
+                        except BaseException:
+                            os.close(got)
+                            raise
                     return got
                 os.close(got)  # O_PATH|O_NOFOLLOW opened the symlink itself: follow it by the rules
             except OSError as exc:
@@ -166,11 +204,20 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
         os.close(fd)
 
 
+def _check_entry(fd: int, dirfd: int, shown: str) -> None:
+    why = replaceable(os.fstat(fd), os.fstat(dirfd))
+    if why:
+        raise UnsafePath("refusing %s: %s, who could rename it away and put another in its place while a lock "
+                         "is held there (two holders); set HOSTLOCK_DIR (or --dir) to a directory whose every "
+                         "parent only root or you can change" % (shown, why))
+
+
 _seen: dict = {}  # path -> (st_dev, st_ino) of the directory a full walk of it reached, in this process
 
 
 def open_directory(path: str, flags: int) -> int:
-    """open_path for a directory opened again and again (the lock directory, at every lock file open).
+    """open_path for a directory opened again and again (the lock directory, at every lock file open), its
+    every component one nobody we do not trust could rename away (`entries`).
 
     After one full walk, the kernel's own walk is used and its result compared with the inode the full
     walk reached: the same directory means no symlink led anywhere else (whichever way the kernel went),
@@ -183,7 +230,7 @@ def open_directory(path: str, flags: int) -> int:
         if (st.st_dev, st.st_ino) == known:
             return fd
         os.close(fd)
-    fd = open_path(path, flags | _O_DIRECTORY, follow_last=False)
+    fd = open_path(path, flags | _O_DIRECTORY, follow_last=False, entries=True)
     st = os.fstat(fd)
     _seen[path] = (st.st_dev, st.st_ino)
     return fd
