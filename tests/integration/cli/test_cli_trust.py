@@ -209,3 +209,43 @@ def test_a_member_is_held_to_the_same_rule_and_trusted_parents_are_used(cli, sha
     assert cli.run("run", "-n", "-d", sticky / "roots", "r", "true").returncode == 0
     r = as_member(gid, [public_launcher, "run", "-n", "-d", shared, "m", "true"], env=dict(cli.env))
     assert r.returncode == 0, r.stderr
+
+
+# -- item 9: a file hostlock creates for a path lock --------------------------------------------------------------
+
+SHARE_LOCK = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_SH)\n" \
+             "print('locked', flush=True)\nsys.stdin.readline()\n"
+
+
+@needs_users
+@pytest.mark.parametrize("command", [["flock", "-n", "{f}", "true"], ["run", "-n", "--path", "{f}", "true"],
+                                     ["cron", "--path", "{f}", "--on-conflict", "fail", "--", "true"]])
+def test_a_file_hostlock_creates_for_a_path_lock_is_not_another_users_to_stall(cli, arena, command):
+    """flock(1) creates the file 0666 less the umask (0644): anyone may open it read-only and hold LOCK_SH for
+    ever, and root's next `flock` waits until killed. hostlock creates it 0600; a file someone created with
+    the mode they meant is used as it is (so sharing is asked for, as with flock(1))."""
+    locks = arena / "paths"
+    locks.mkdir(mode=0o755)
+    path = locks / "job.lock"
+    argv = [a.format(f=path) for a in command]
+    assert cli.run(*argv).returncode == 0
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    r = _as(OUTSIDER, OUTSIDER, [SYSTEM_PYTHON, "-c", SHARE_LOCK, str(path)], input="\n")
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r.stdout + r.stderr
+    assert cli.run(*argv).returncode == 0  # not stalled
+    # Asked for: a file made 0644 beforehand is opened as it is, and then its readers can hold it (as flock(1)).
+    shared = locks / "shared.lock"
+    shared.write_text("")
+    os.chmod(shared, 0o644)
+    p = subprocess.Popen(["setpriv", "--reuid=%d" % OUTSIDER, "--regid=%d" % OUTSIDER, "--clear-groups",
+                          SYSTEM_PYTHON, "-c", SHARE_LOCK, str(shared)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_line(p, "locked")
+        argv = [a.format(f=shared) for a in command]
+        assert cli.run(*argv).returncode in (1, 75), argv
+        assert os.stat(shared).st_mode & 0o777 == 0o644
+    finally:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        p.wait(timeout=30)

@@ -1,10 +1,14 @@
 """Locks on a caller's path with flock(1)'s protocol: the lock `hostlock flock` and `hostlock run --path`
 take, so both exclude and are excluded by util-linux flock(1) and any program locking that file alike.
 
-flock(1)'s protocol (util-linux sys-utils/flock.c): open the path O_RDONLY|O_CREAT (0666 less the umask;
-a directory read-only), or write-only for an exclusive OFD lock, then flock(2) (or F_OFD_SETLK[W] on a
-byte range). The file is never truncated or written. Unlike named locks, the caller owns the path's
-safety; two dangers are closed without changing what a correct flock script sees:
+flock(1)'s protocol (util-linux sys-utils/flock.c): open the path O_RDONLY|O_CREAT (a directory read-only),
+or write-only for an exclusive OFD lock, then flock(2) (or F_OFD_SETLK[W] on a byte range). The file is
+never truncated or written. One difference: a file hostlock creates is 0600, where flock(1) makes it 0666
+less the umask (0644 for most): flock(2) needs only an open descriptor, so any user who can open the file can
+hold a lock on it (LOCK_SH on a read-only descriptor) and stall its owner's jobs for as long as they like.
+To share a path lock with other users, create the file with the mode you mean first; an existing file is
+opened as it is. Unlike named locks, the caller owns the path's safety; two dangers are closed without
+changing what a correct flock script sees:
 - a FIFO would block open() forever (filelock #549): opened non-blocking, then refused;
 - a symlink another user could have planted or swapped, in any component of the path, is refused
   (host.safepath), so root cannot be made to create or lock a file elsewhere; flock(1) follows them all.
@@ -24,6 +28,8 @@ from . import safepath as _safepath
 F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # missing before Python 3.9; the same on every arch
 F_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", 38)
 _FCNTL_TYPE = {fcntl.LOCK_EX: fcntl.F_WRLCK, fcntl.LOCK_SH: fcntl.F_RDLCK, fcntl.LOCK_UN: fcntl.F_UNLCK}
+# A file we create is ours alone to lock (see the docstring): not 0666, as flock(1) makes it.
+CREATE_MODE = 0o600
 # flock(2) says EWOULDBLOCK; F_OFD_SETLK may say EACCES, meaning the same.
 CONFLICT = frozenset((errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES))
 
@@ -54,7 +60,7 @@ def open_path(path: str, flags: int) -> tuple[int, int]:
     fl = (flags or os.O_RDONLY) | os.O_NOCTTY | os.O_CREAT
     parent: list = []  # the directory the walk opened the file in (where a followed link led)
     try:
-        fd = _open(path, fl | os.O_NONBLOCK, 0o666, parent)
+        fd = _open(path, fl | os.O_NONBLOCK, CREATE_MODE, parent)
     except IsADirectoryError:
         # Linux refuses O_CREAT on a directory; POSIX allows neither O_RDWR nor O_WRONLY there.
         fl = os.O_RDONLY | os.O_NOCTTY
