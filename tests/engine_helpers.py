@@ -118,6 +118,7 @@ def wait_line(proc: subprocess.Popen, expected: str, timeout: float = 10.0) -> s
 
 
 ROOT = os.geteuid() == 0
+SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by other users (a venv's interpreter may live under /root)
 NOBODY = 65534
 
 
@@ -165,6 +166,27 @@ def as_member(gid: int, argv: list, **kw) -> subprocess.CompletedProcess:
                           check=False, **kw)
 
 
+# Code for a child holding `l` (a Lock in directory `d`): it makes its lease one that has ended, with the very
+# facts hostlock judges that on (host.channel.lease_end): its own 0600 socket .lease-ID.sock, named in its
+# record, listening, with a modification time in the past. (A record's `lease=` text proves nothing: anyone who
+# may write the file can write it.) What a real lease holder that was stopped after its lease ran out shows.
+ENDED_LEASE = r"""
+def end_lease(l, d):
+    import os, socket, time
+    tid = os.urandom(6).hex()
+    l.update_record(tid=tid, lease="%f" % (time.time() - 1))
+    path = os.path.join(d, ".lease-%s.sock" % tid)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    s.bind(path)
+    os.umask(old)
+    s.listen(64)
+    t = time.time() - 1
+    os.utime(path, (t, t), follow_symlinks=False)
+    return s
+"""
+
+
 VICTIM = r"""
 import os, signal, sys
 got = []
@@ -188,3 +210,70 @@ def victim_signals(p: subprocess.Popen) -> str:
     p.stdin.write("report\n")
     p.stdin.flush()
     return p.stdout.readline().strip()
+
+
+# Another user's listener at a path: counts the connections it accepts, answers each as told, and says how many
+# it had when asked (a line on stdin).
+SQUAT = textwrap.dedent(r"""
+    import os, select, socket, sys
+    path, how = sys.argv[1], sys.argv[2]
+    if how == "holds-the-lock":
+        sys.path.insert(0, sys.argv[3])
+        import hostlock
+        lock = hostlock.Lock(sys.argv[4], directory=os.path.dirname(path)).acquire(timeout=5)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)
+    os.chmod(path, 0o666)  # anyone may connect: the client must still not talk to it
+    s.listen(8)
+    print("ready", flush=True)
+    seen = 0
+    while True:
+        r = select.select([s, sys.stdin], [], [])[0]
+        if sys.stdin in r:
+            sys.stdin.readline()
+            print("seen", seen, flush=True)
+            continue
+        c = s.accept()[0]
+        seen += 1
+        if how == "answers-ok":
+            c.sendall(b"OK 99999999999.000 " + b"0" * 64 + b"\n")
+        elif how in ("answers-refused", "holds-the-lock"):
+            c.sendall(b"ERR refused: the member's own words\n")
+        if how != "silent":
+            c.close()
+""")
+
+
+def squat(uid: int, gid: int, path: str, how: str, name: str = "") -> subprocess.Popen:
+    p = subprocess.Popen(["setpriv", "--reuid=%d" % uid, "--regid=%d" % gid, "--groups=%d" % gid, SYSTEM_PYTHON,
+                          "-c", SQUAT, path, how, LIB, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    wait_line(p, "ready")
+    return p
+
+
+def seen(p: subprocess.Popen) -> int:
+    p.stdin.write("\n")
+    p.stdin.flush()
+    return int(wait_line(p, "seen").split()[1])
+
+
+def holder_pid(name: str, directory: str) -> int:
+    import hostlock
+
+    (h,) = [h for h in hostlock.holders(name, directory) if h.alive]
+    return h.pid
+
+
+def kill_daemon(pid: int) -> None:
+    """SIGKILL a process nobody here reaps (a lease holder) and wait until it is gone or a zombie."""
+    import time
+
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while os.path.exists("/proc/%d" % pid):  # the holder is a daemon nobody here reaps: wait for it to go
+        with open("/proc/%d/stat" % pid) as f:
+            if f.read().rpartition(")")[2].split()[0] in ("Z", "X"):
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.005)

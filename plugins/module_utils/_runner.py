@@ -133,11 +133,18 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the for
         os._exit(137)
 
 
-def own_holders(holders: list, marker: str | None) -> list:
-    """Live holders whose label carries `marker` (the controller's run id): the caller's own run."""
+def own_holders(holders: list, marker: str | None, uid: int | None = None) -> list:
+    """Live holders whose label carries `marker` (the controller's run id): the caller's own run.
+
+    A label is text its holder chose: another user can copy a run's "[run ID]" into a lock of their own. So on
+    a host (`uid`: ours) a holder is the run's only when the kernel proves it holds the lock and it runs as
+    us (`verified`, its real uid); anyone else's is waited for like any holder. (Fleet labels are written by
+    those etcd lets write the prefix, who may end our locks anyway.)
+    """
     if not marker:
         return []
-    return [h for h in holders if not h.get("stale") and marker in (h.get("label") or "")]
+    return [h for h in holders if not h.get("stale") and marker in (h.get("label") or "")
+            and (uid is None or (h.get("verified") is True and h.get("uid") == uid))]
 
 
 def controller_gone(fd: int = 1, controller: str | None = None) -> bool:
@@ -190,7 +197,7 @@ def acquire(
         if watch_controller and controller_gone(controller=controller):
             raise ControllerGone()
         if marker and holders_of is not None:
-            mine = own_holders(holders_of(), marker)  # type: ignore[operator]
+            mine = own_holders(holders_of(), marker, os.geteuid())  # type: ignore[operator]
             if mine:
                 raise SelfWait(mine)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())

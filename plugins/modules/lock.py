@@ -535,6 +535,7 @@ hostlock:
   sample: {name: deploy, event: acquired, waited: 2.04, token_id: 3f1c2e5a9b07, lease_expires: 1767225600.5}
 """
 
+import os
 import time
 import typing as t
 
@@ -692,7 +693,7 @@ class Task(LockTask):
         deadline = None if p["timeout"] is None else started + p["timeout"]
         while True:
             if marker:
-                mine = own_holders(self.refresh(), marker)
+                mine = own_holders(self.refresh(), marker, os.geteuid())
                 if mine:
                     raise SelfWait(mine)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

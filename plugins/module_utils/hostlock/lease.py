@@ -6,18 +6,22 @@ keeps it until release(), until the lease ends, or until it is killed; kernel lo
 
 The control channel is a Unix socket named by the token's public id, which status shows to anyone, so it
 is built to survive everyone who can reach it (docs/security.md, "Leases"):
-- It is a pathname socket, `.lease-ID.sock` in the lock directory (for a path lease, the path's directory
-  when no other user can change its entries), bound before the id is published anywhere, so nobody can
-  take the name first, and in a directory where nobody else can remove or replace it. Pathname sockets
-  work across network namespaces that share the filesystem (`unshare -n`, containers, PrivateNetwork=);
-  abstract ones are per network namespace, where anyone could bind a holder's name from outside it. It
+- It is a pathname socket, `.lease-ID.sock` in the lock directory (for a path lease, the path's directory,
+  which must be one no other user can change entries of), bound before the id is published anywhere, so
+  nobody can take the name first, and in a directory where nobody else can remove or replace it. Pathname
+  sockets work across network namespaces that share the filesystem (`unshare -n`, containers,
+  PrivateNetwork=); abstract ones are per network namespace, where anyone could bind a holder's name. It
   is bound mode 0600 through the directory's descriptor (/proc/self/fd/N/NAME: nothing above it walked
   again, no sun_path length limit), so only the holder's uid and root can connect; any peer that does is
   checked again with SO_PEERCRED at accept, and every one that is neither the holder's uid nor root is
-  closed before a byte is read. A Linux holder whose directory cannot take the file (not writable,
-  another user could change its entries) falls back to the abstract `@hostlock-lease/ID`, reachable from
-  its own network namespace only. A SIGKILLed holder leaves its file: the next client that finds nobody
-  listening removes it (if it is that client's own or the client is root).
+  closed before a byte is read. A holder that cannot bind it (a directory another user may change, no
+  inode left) fails: there is no weaker channel to fall back to. A SIGKILLed holder leaves its file: the
+  next client that finds nobody listening removes it (if it is that client's own or the client is root);
+  whoever binds the name after that is not of the holder's uid (the token names it), or does not have the
+  lock's file open, and the client sends it nothing.
+- The lease's end is the socket file's modification time, set by the holder at every renewal: only the
+  file's owner (or root) can set it, so `status` and `break` judge an ended lease on the holder's own word,
+  proven by the socket's peer credentials, never on a record's text (host.channel.lease_end).
 - Requests and answers are proven with HMAC-SHA256 keyed by the token's secret, which never crosses the
   socket: the holder compares the request's proof in constant time (channel.compare_digest, as the
   client does the answer's); the client accepts an "OK" only with the holder's proof over its fresh
@@ -32,14 +36,12 @@ from __future__ import annotations
 
 import errno
 import os
-import sys
 import time
 
 from .core.errors import HostlockError, LockTimeout
 from .core.names import check_duration
-from .core.tokens import split_host
+from .core.tokens import host_token, split_host
 from .host.channel import (
-    ABSTRACT_PREFIX,
     PROTOCOL,
     SOCKET_FILE,
     channel_address,
@@ -117,7 +119,7 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
         directory = probe.directory
         probe.close()
     token_id, secret = os.urandom(6).hex(), os.urandom(16).hex()
-    token = "%s.%s" % (token_id, secret)
+    token = host_token(token_id, secret, os.geteuid())  # the holder runs as we do
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child; covered by the lease tests through processes
@@ -160,8 +162,9 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
         from .queries import status
 
         raise status(name, directory).timed_out(timeout)
-    raise HostlockError("lease holder for %r failed: %s" % (name, last[4:] if last.startswith("ERR ") else
-                                                            "it exited without a word"), directory=directory)
+    err, _sp, text = last[4:].partition(" ") if last.startswith("ERR ") else ("0", "", "it exited without a word")
+    raise HostlockError("lease holder for %r failed: %s" % (name, text), directory=directory,
+                        errno=int(err) if err.isdigit() and int(err) else None)
 
 
 def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: str, timeout: float | None,
@@ -216,11 +219,12 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
             report("TIMEOUT")
             return
         expires = time.time() + lease
+        listener.mark(expires)
         lock.update_record(lease="%.3f" % expires)
     except BaseException as e:  # noqa: BLE001 - reported to hold() as one line
         if listener is not None:
             listener.close()  # no socket file left behind by a holder that never held
-        report("ERR %s" % e)
+        report("ERR %d %s" % (getattr(e, "errno", None) or 0, e))  # the errno decides the exit code
         return
     report("OK %.3f" % expires)
     os.close(w)
@@ -341,7 +345,7 @@ class _Listener:
     def __init__(self, directory: str, tid: str, path_lease: bool) -> None:
         import socket
 
-        from .host.safepath import _entries_safe
+        from .host.safepath import replaceable
 
         self.dirfd = _open_channel_dir(directory, path_lease)
         self.entry: str | None = SOCKET_FILE % tid
@@ -350,23 +354,36 @@ class _Listener:
         # A 0600 socket: only our uid and root may connect (and SO_PEERCRED checks it again at accept).
         old = os.umask(0o177)
         try:
+            # Judged as the lock file beside it is (host.safepath.replaceable): a directory where someone we do
+            # not trust could swap our socket for theirs is one where they could swap the lock file too.
+            why = replaceable(os.geteuid(), os.fstat(self.dirfd), strict=False)
+            if why:
+                raise HostlockError("no lease's control socket in %s: %s, who could replace it with theirs; lock a "
+                                    "file in a directory of yours or root's" % (directory, why),
+                                    directory=directory, errno=errno.EPERM)
             try:
-                if not _entries_safe(os.fstat(self.dirfd)):  # another user could swap our socket for theirs
-                    raise PermissionError(errno.EPERM, "directory entries not safe from other users")
                 self.sock.bind(via(self.dirfd, directory, self.entry))
-                self.ino = os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino
-            except OSError:
-                if not sys.platform.startswith("linux"):
-                    raise
-                # A directory that cannot take the socket (read-only, not ours): the abstract namespace,
-                # under the same secret name, reachable from this network namespace only.
-                self.entry = None
-                self.sock.bind(ABSTRACT_PREFIX + tid)
+            except OSError as e:
+                # No weaker channel to fall back to (an abstract name anyone could bind once it is free):
+                # a lease nobody but its holder can answer for, or none.
+                raise HostlockError("cannot make the lease's control socket %s in %s: %s" % (
+                    self.entry, directory, e.strerror or e), directory=directory, errno=e.errno) from None
+            self.ino = os.stat(self.entry, dir_fd=self.dirfd, follow_symlinks=False).st_ino
+        except BaseException:
+            self.sock.close()
+            os.close(self.dirfd)
+            self.dirfd = -1
+            raise
         finally:
             os.umask(old)
         # A deep backlog: connections of other users wait there only until the next accept round drops them.
         self.sock.listen(socket.SOMAXCONN)
         self.sock.setblocking(False)
+
+    def mark(self, expires: float) -> None:
+        """Say when the lease ends where only we (and root) can write it: our socket's modification time."""
+        if self.dirfd >= 0 and self.entry is not None:
+            os.utime(self.entry, (expires, expires), dir_fd=self.dirfd, follow_symlinks=False)
 
     def close(self) -> None:
         """Stop answering and remove our socket file (only if it is still ours: same inode)."""
@@ -522,6 +539,8 @@ class _Channel:
             else:
                 expires = time.time() + more
                 try:
+                    if self.listener is not None:
+                        self.listener.mark(expires)
                     self.lock.update_record(lease="%.3f" % expires)
                 except (OSError, HostlockError) as e:  # keep the old deadline: the record still shows it
                     body = "ERR cannot renew: %s" % e

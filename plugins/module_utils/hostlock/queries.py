@@ -28,13 +28,16 @@ def _record_mechanism() -> RecordMechanism:
 
 
 def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel: bool,
-            file: tuple | None = None, planted: str | None = None, path: str | None = None) -> Holder:
+            file: tuple | None = None, planted: str | None = None, path: str | None = None,
+            channel: tuple | None = None) -> Holder:
     from .core.holder import Holder
 
     h = Holder(fields, mode, slot, file)
     h.path = path
     if planted:
         h.problem = planted
+    if channel is not None:
+        _lease_of(h, *channel)
     # Stale means break can act: a record proven dead (never one the kernel still holds), or an ended
     # lease whose holder is alive here and not disproven (root can prove it; another user's cannot be
     # examined, and break refuses them anyway). A forged record, one naming a process that does not hold
@@ -43,6 +46,30 @@ def _holder(fields: dict | None, mode: str, slot: int | None, *, held_by_kernel:
         (h.lease_expired and h.alive is True and h.verified is not False)
         or (h.alive is False and not held_by_kernel))
     return h
+
+
+def _lease_of(h: Holder, dirfd: int, directory: str) -> None:
+    """A host holder's lease as the holder itself keeps it (its socket file's time, host.channel.lease_end),
+    proven to be that holder's when it has ended; no socket of the holder's uid, no lease."""
+    from .host.channel import lease_end
+
+    h.lease_expires, h.lease_proven = None, False
+    if not h.token_id or not isinstance(h.pid, int) or h.uid is None or h.forged:
+        return
+    end, _proven = lease_end(dirfd, directory, h.token_id, h.pid, h.uid, prove=False)
+    if end is not None and end <= _now():
+        # Ended: shown (and acted on) only once proven this holder's, never another lease's named in its record.
+        if h.verified is True:
+            end, h.lease_proven = lease_end(dirfd, directory, h.token_id, h.pid, h.uid, prove=True)
+        if not h.lease_proven:
+            end = None
+    h.lease_expires = end
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
 
 
 def status(name: str, directory: str | None = None, *, fleet: str | None = None) -> LockStatus:
@@ -82,8 +109,8 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
 
     if mechanism == "record":
         slots, entries = _record_mechanism().inspect(dirfd, name)
-        holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl, path=posixpath.join(directory, n))
-                   for f, m, s, n, fi, pl in entries]
+        holders = [_holder(f, m, s, held_by_kernel=False, file=fi, planted=pl, path=posixpath.join(directory, n),
+                           channel=(dirfd, directory)) for f, m, s, n, fi, pl in entries]
         return LockStatus(name, directory, posixpath.join(directory, name + "~owner"), mechanism, slots, holders, 0)
     path = posixpath.join(directory, name + ".lock")
     if mechanism not in _KERNEL:
@@ -106,8 +133,8 @@ def _status(dirfd: int, directory: str, name: str, mechanism: str) -> LockStatus
     # all lock the same file): OFD, a range of this file; flock(), this file or the slot's own file.
     records = [(parse_record(r) if r else None, m, s) for r, m, s in entries]
     holding = {fields.get("q") for fields, _m, _s in records if fields}
-    holders = [_holder(fields, m, s, held_by_kernel=True, file=_held_range(dirfd, name, mechanism, st, s))
-               for fields, m, s in records]
+    holders = [_holder(fields, m, s, held_by_kernel=True, file=_held_range(dirfd, name, mechanism, st, s),
+                       channel=(dirfd, directory)) for fields, m, s in records]
     waiters = len([t for t in tickets if str(t) not in holding])
     return LockStatus(name, directory, path, mechanism, slots, holders, waiters, problem=problem,
                       corrupt=problem is not None)

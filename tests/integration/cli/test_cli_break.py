@@ -12,7 +12,7 @@ import time
 import engine_helpers
 import pytest
 from cli_support import wait_until
-from engine_helpers import LIB, as_member, needs_users, start_victim, victim_signals
+from engine_helpers import ENDED_LEASE, LIB, as_member, needs_users, start_victim, victim_signals
 
 import hostlock
 import hostlock.host.gc
@@ -83,9 +83,10 @@ def test_break_ends_a_stopped_lease_holder_and_the_lock_is_free(cli):
 
 
 def test_break_reports_a_stopped_holder_that_ignores_sigterm_and_exits_75(cli):
-    code = ("import signal, sys, time, hostlock; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "l = hostlock.Lock('stuck', directory=sys.argv[1]).acquire(); "
-            "l.update_record(lease='%f' % (time.time() - 1)); print('held', flush=True); sys.stdin.read()")
+    code = ENDED_LEASE + (
+        "import signal, sys, time, hostlock; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "l = hostlock.Lock('stuck', directory=sys.argv[1]).acquire(); "
+        "channel = end_lease(l, sys.argv[1]); print('held', flush=True); sys.stdin.read()")
     p = subprocess.Popen([sys.executable, "-c", code, cli.lockdir], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True, env=dict(os.environ, PYTHONPATH=str(LIB)))
     try:

@@ -10,7 +10,7 @@ import textwrap
 
 import engine_helpers
 import pytest
-from engine_helpers import LIB, as_member, needs_users, wait_line
+from engine_helpers import LIB, as_member, holder_pid, kill_daemon, needs_users, seen, squat, wait_line
 
 shared_group = engine_helpers.shared_group  # a fixture
 
@@ -249,3 +249,26 @@ def test_a_file_hostlock_creates_for_a_path_lock_is_not_another_users_to_stall(c
         p.stdin.write("\n")
         p.stdin.flush()
         p.wait(timeout=30)
+
+
+# -- item 10: a lease's name taken after its holder died ----------------------------------------------------
+
+
+@needs_users
+def test_the_command_line_says_gone_77_to_a_squatted_name(cli, shared_group):
+    """Issue 39 item 10 from the command line: one line, 77, the squatter never reached."""
+    shared, gid = shared_group
+    launcher, env = cli.launcher, dict(cli.env, HOSTLOCK_DIR=shared)
+    r = subprocess.run([launcher, "hold", "C", "--lease", "10m"], capture_output=True, text=True, env=env, timeout=30)
+    token = r.stdout.strip()
+    kill_daemon(holder_pid("C", shared))
+    subprocess.run([launcher, "renew", "C", token], capture_output=True, env=env, timeout=30)  # removes the dead one
+    squatter = squat(65534, gid, os.path.join(shared, ".lease-%s.sock" % token.split(".")[0]), "silent")
+    try:
+        for verb in ("renew", "release"):
+            r = subprocess.run([launcher, verb, "C", token], capture_output=True, text=True, env=env, timeout=30)
+            assert r.returncode == 77 and "no lease" in r.stderr and len(r.stderr.splitlines()) == 1, r
+        assert seen(squatter) == 0
+    finally:
+        squatter.kill()
+        squatter.wait()

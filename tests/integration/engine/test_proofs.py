@@ -16,6 +16,7 @@ import time
 
 import pytest
 from engine_helpers import (
+    ENDED_LEASE,
     LIB,
     as_member,
     needs_users,
@@ -121,14 +122,14 @@ def test_a_real_holder_is_verified_by_its_open_lock_file(mechdir):
         p.wait()
 
 
-HOLDER_WITH_ENDED_LEASE = """
-    import signal, sys, time, hostlock
-    if sys.argv[2] == "ignore":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    l = hostlock.Lock("stopped", directory=sys.argv[1]).acquire()
-    l.update_record(lease="%f" % (time.time() - 1))  # a lease that has ended: break may end its holder
-    print("held", flush=True)
-    sys.stdin.read()
+HOLDER_WITH_ENDED_LEASE = ENDED_LEASE + """
+import signal, sys, time, hostlock
+if sys.argv[2] == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+l = hostlock.Lock("stopped", directory=sys.argv[1]).acquire()
+channel = end_lease(l, sys.argv[1])  # a lease that has ended, on the holder's own word: break may end it
+print("held", flush=True)
+sys.stdin.read()
 """
 
 
@@ -221,10 +222,10 @@ def test_record_from_another_pid_namespace_is_never_proven_dead_here(tmp_path, m
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # an interpreter user nobody can run (the venv's lives under /root)
-MEMBER_HOLDER = """
+MEMBER_HOLDER = ENDED_LEASE + """
 import sys, time, hostlock
 l = hostlock.Lock("m", directory=sys.argv[1]).acquire()
-l.update_record(lease="%f" % (time.time() - 1))
+channel = end_lease(l, sys.argv[1])
 print("held", flush=True)
 sys.stdin.read()
 """

@@ -142,7 +142,7 @@ class Holder:
     __slots__ = ("pid", "start_time", "boot_id", "hostname", "pid_namespace", "uid", "user", "cmdline", "mode",
                  "slot", "acquired_at", "lease_expires", "label", "job_pid", "job_cmdline", "alive", "stale",
                  "token_id", "verified", "forged", "record_ok", "file_uid", "problem", "fence", "lease_id", "_file",
-                 "_start", "path")
+                 "_start", "path", "lease_proven")
 
     def __init__(self, fields: dict | None, mode: str | None = None, slot: int | None = None,
                  file: tuple | None = None) -> None:
@@ -167,7 +167,10 @@ class Holder:
         rslot = _int(f, "slot")
         self.slot = rslot if rslot is not None else slot
         self.acquired_at = _time(f, "at")
+        # The record's lease is text anyone who may write the file chose: shown only until the holder's own
+        # word replaces it (host locks: its socket's time, host.channel.lease_end), never acted on unproven.
         self.lease_expires = _time(f, "lease")
+        self.lease_proven = False
         self.label = f.get("label") or None
         self.job_pid = _int(f, "jpid")
         self.job_cmdline = f.get("jcmd") or None
@@ -232,7 +235,8 @@ class Holder:
 
     @property
     def lease_expired(self) -> bool:
-        return self.lease_expires is not None and self.lease_expires <= time.time()
+        """The lease ended, on the holder's own word (`lease_proven`): what lets break end a live holder."""
+        return self.lease_proven and self.lease_expires is not None and self.lease_expires <= time.time()
 
     def describe(self, fleet: bool = False) -> str:
         """Short human form for error messages: 'pid 123 (user root: rsync -a ...)' (describe_holder)."""

@@ -17,7 +17,7 @@ import time
 
 from ..core.errors import HostlockError, TokenError
 from ..core.names import check_duration, validate_name
-from ..core.tokens import split_host
+from ..core.tokens import split_host, token_uid
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - typing only: _socket is imported where a channel is used
@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only: _socket is imported where a
     from typing import Any
 
 SOCKET_FILE = ".lease-%s.sock"  # in the lock directory: a dot file, never taken for a lock by list or gc
-ABSTRACT_PREFIX = "\0hostlock-lease/"  # the Linux fallback where the directory cannot take the socket
 PROTOCOL = "HL2"  # first word of every request; an older holder refuses it as a wrong token
 CLIENT_SECONDS = 10.0  # the most renew()/release() wait for a holder that does not answer
 
@@ -82,8 +81,9 @@ def path_name(path: str) -> str:
     return "path-" + _sha256()(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def peer_uid(conn: socket.socket) -> int | None:
-    """The connecting process's uid as the kernel saw it at connect(); None where it cannot say."""
+def peer_cred(conn: socket.socket) -> tuple[int, int] | None:
+    """(pid, uid) of the process at the other end as the kernel saw it at connect() or listen(); None where
+    the platform cannot say."""
     import _socket as socket  # the C module: `socket` imports selectors and enum (~3.5 ms on Python 3.8)
     import struct
 
@@ -91,15 +91,62 @@ def peer_uid(conn: socket.socket) -> int | None:
     if opt is None:
         return None
     size = struct.calcsize("3i")  # struct ucred: pid, uid, gid
-    return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))[1]
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, opt, size))
+    return pid, uid
 
 
-def exchange(address: str, request: bytes, deadline: float, gone: TokenError, owner: int | None = None,
-             denied: TokenError | None = None) -> str:
+def peer_uid(conn: socket.socket) -> int | None:
+    """The connecting process's uid as the kernel saw it at connect(); None where it cannot say."""
+    cred = peer_cred(conn)
+    return None if cred is None else cred[1]
+
+
+def _has_open(pid: int, files: set) -> bool | None:
+    """Whether process `pid` has one of `files` ((st_dev, st_ino) pairs) open: the kernel's word
+    (/proc/PID/fd); None when it cannot be read from here."""
+    fds = "/proc/%d/fd" % pid
+    try:
+        names = os.listdir(fds)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    for n in names:
+        try:
+            st = os.stat("%s/%s" % (fds, n))
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in files:
+            return True
+    return False
+
+
+def lock_files(dirfd: int, name: str | None, path: str | None) -> set:
+    """(st_dev, st_ino) of every file a holder of this lock keeps open: NAME.lock (and flock()'s range files
+    NAME.lock.N) or the record mechanism's NAME~... files; for a path lease, the path's file."""
+    if path is not None:
+        names = [os.path.basename(path)]
+    else:
+        prefix = (name or "") + "~"
+        names = [n for n in os.listdir(dirfd) if n == "%s.lock" % name or n.startswith(prefix)
+                 or n.startswith("%s.lock." % name)]
+    found = set()
+    for n in names:
+        try:
+            st = os.stat(n, dir_fd=dirfd, follow_symlinks=False)
+        except OSError:
+            continue
+        found.add((st.st_dev, st.st_ino))
+    return found
+
+
+def exchange(address: str, request: bytes, deadline: float, gone: TokenError, holder_uid: int | None,
+             is_holder: Any = None) -> str:
     """Send one request and read one line back; '' when the holder hung up without answering.
 
-    The listening peer must be of our uid or root's (a holder refuses every other user anyway), or, for a
-    root client, of the uid that owns the socket file (`owner`): anything else is not our holder.
+    The listening peer must be the lease's holder as the kernel reports it, before a byte is sent: its uid
+    the one the token names (an older token: ours or root's), and, where /proc tells, a process that has the
+    lock's file open (`is_holder(pid)`). Anything else took the name after the holder ended: `gone`.
     """
     import _socket as socket  # the C module: `socket` imports selectors and enum (~3.5 ms on Python 3.8)
     import struct
@@ -115,18 +162,19 @@ def exchange(address: str, request: bytes, deadline: float, gone: TokenError, ow
         try:
             sock.connect(address)
         except OSError as e:
-            if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-                raise gone from None
-            if e.errno in (errno.EACCES, errno.EPERM):  # a 0600 socket: the holder's uid and root only
-                raise (denied or gone) from None
+            if e.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.EACCES, errno.EPERM):
+                raise gone from None  # nobody listens, or a socket we may not reach: not our holder's
             if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
                 raise HostlockError("the holder of lease %s did not accept a connection within %gs" % (
                     address.rsplit("/", 1)[-1], CLIENT_SECONDS), errno=errno.ETIMEDOUT) from None
             raise
-        server = peer_uid(sock)
-        me = os.geteuid()
-        if server is not None and server not in (me, 0) and not (me == 0 and server == owner):
-            raise gone
+        cred = peer_cred(sock)
+        if cred is not None:
+            pid, uid = cred
+            if (uid != holder_uid) if holder_uid is not None else (uid not in (os.geteuid(), 0)):
+                raise gone
+            if is_holder is not None and pid > 0 and is_holder(pid) is False:
+                raise gone
         try:
             sock.sendall(request)
         except (BrokenPipeError, ConnectionResetError):
@@ -149,9 +197,9 @@ def exchange(address: str, request: bytes, deadline: float, gone: TokenError, ow
 
 
 def find_channel(directory: str, tid: str, denied: TokenError) -> tuple[int, str | None, int | None]:
-    """Where the holder listens: (dirfd, socket file, its owner uid), or (-1, None, None) for the abstract
-    fallback (Linux; also where the directory is gone: then nobody answers and the lease is gone).
-    Raises `denied` where we may not look: the directory is not ours to search."""
+    """Where the holder listens: (dirfd, socket file, its owner uid), or (-1, None, None) when there is no
+    socket file (then nobody answers and the lease is gone). Raises `denied` where we may not look: the
+    directory is not ours to search."""
     from . import safepath as _safepath
 
     entry = SOCKET_FILE % tid
@@ -202,8 +250,13 @@ def remove_stale(dirfd: int, directory: str, entry: str, owner: int | None) -> N
 
 
 def request(name: str, token: str, directory: str | None, verb: str, arg: str = "-", path: str | None = None) -> str:
-    """One authenticated request to the lease's holder; returns its proven "OK ..." answer."""
+    """One authenticated request to the lease's holder; returns its proven "OK ..." answer.
+
+    Only to the holder: the socket file and the listening process must be of the uid the token names, and
+    the process must have the lock's file open (the kernel's tables); anything else at the name is not the
+    holder, the lease is gone, and it is sent nothing."""
     tid, secret = split_host(token)
+    holder_uid = token_uid(token)
     if path is not None:  # a lease on a path (hold(path=...)): its channel answers to the path's name
         path = os.path.abspath(path)
         name, directory = path_name(path), os.path.dirname(path)
@@ -219,41 +272,88 @@ def request(name: str, token: str, directory: str | None, verb: str, arg: str = 
                       directory=directory, reason="gone")
     denied = TokenError("lease %s refused the request for lock %r: not the lease holder's user" % (tid, shown),
                         directory=directory, reason="refused")
+    if holder_uid is not None and os.geteuid() not in (0, holder_uid):
+        raise denied  # its 0600 socket is not ours to reach; nor its holder ours to talk to
     deadline = time.monotonic() + CLIENT_SECONDS
     dirfd, entry, owner = find_channel(directory, tid, denied)
+    if entry is None:
+        raise gone
     try:
+        if (owner != holder_uid) if holder_uid is not None else (owner not in (os.geteuid(), 0)):
+            raise gone  # a socket someone else bound at the name, after the holder's went
+        files = lock_files(dirfd, None if path is not None else name, path)
+
+        def is_holder(pid: int) -> bool | None:
+            return _has_open(pid, files) if files else None
+
         while True:
             nonce = os.urandom(16).hex()
             text = "%s %s %s %s %s" % (PROTOCOL, verb, name, nonce, arg)
             line = ("%s %s\n" % (text, proof(secret, "request", text))).encode()
-            if entry is None:
-                reply = exchange(ABSTRACT_PREFIX + tid, line, deadline, gone)
-            else:
-                try:
-                    reply = exchange(via(dirfd, directory, entry), line, deadline, gone, owner, denied)
-                except TokenError:
-                    remove_stale(dirfd, directory, entry, owner)
-                    raise
+            try:
+                reply = exchange(via(dirfd, directory, entry), line, deadline, gone, holder_uid, is_holder)
+            except TokenError:
+                remove_stale(dirfd, directory, entry, owner)
+                raise
             if reply != "BUSY":
                 break
             if time.monotonic() >= deadline:  # the holder kept dropping us for newer peers: only its own uid can
                 raise HostlockError("the holder of lease %s stayed busy for %gs" % (tid, CLIENT_SECONDS),
                                     directory=directory, errno=errno.ETIMEDOUT)
     finally:
-        if dirfd >= 0:
-            os.close(dirfd)
+        os.close(dirfd)
     if not reply:
         raise gone
     body, _sep, given = reply.rpartition(" ")
     proven = compare_digest(given.encode(), proof(secret, "answer", nonce + " " + body).encode())
-    if body.startswith("OK") and proven:
+    if proven and body.startswith("OK"):
         return body
     if reply.startswith("OK"):
-        # Only the holder knows the secret: an unproven OK comes from whoever took the name after it ended.
+        # Only the holder knows the secret: an unproven OK is not its word.
         raise gone
-    raise TokenError("lease %s refused the request for lock %r: %s" % (tid, shown, (body if proven else reply)[4:]
-                                                                       or "no answer"),
-                     directory=directory, reason="refused")
+    # The kernel showed the peer to be the holder (its uid, its open lock file): its refusal of a request it
+    # could not prove (a wrong secret) is its word, one inert line.
+    from ..core.text import one_line
+
+    raise TokenError("lease %s refused the request for lock %r: %s" % (
+        tid, shown, one_line((body if proven else reply)[4:])[:200] or "no answer"), directory=directory,
+        reason="refused")
+
+
+def lease_end(dirfd: int, directory: str, tid: str, pid: int, uid: int, prove: bool) -> tuple[float | None, bool]:
+    """(when the lease `tid` ends, proven) as its holder set it: the modification time of its socket file,
+    which only the file's owner (or root) may set to a chosen time, read only when that file is a socket of
+    the holder's uid (the kernel's word, not a record's). Proven (`prove`, and worth it only for a lease that
+    has ended, before anything acts on it) when the process listening on that socket is the holder `pid`
+    (SO_PEERCRED): then no text anyone wrote, in a record or a name, says this holder's lease ended.
+    (None, False) when there is no such socket: no lease is known (an in-flight holder closed its own)."""
+    entry = SOCKET_FILE % tid
+    try:
+        st = os.stat(entry, dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return None, False
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != uid:
+        return None, False
+    if not prove:
+        return st.st_mtime, False
+    import _socket as socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)  # a full backlog (a stopped holder's) says EAGAIN at once
+        sock.connect(via(dirfd, directory, entry))
+        cred = peer_cred(sock)
+    except OSError:
+        return st.st_mtime, False
+    finally:
+        sock.close()  # the holder reads end-of-file at once and forgets us
+    try:
+        again = os.stat(entry, dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return None, False
+    proven = cred is not None and cred[0] == pid and cred[1] == uid and (again.st_dev, again.st_ino) == (
+        st.st_dev, st.st_ino)
+    return again.st_mtime, proven
 
 
 def channel_address(directory: str, token: str) -> str:

@@ -48,7 +48,7 @@ def _replaceable(st: os.stat_result, dst: os.stat_result | None) -> str | None:
     others can write, fs.protected_regular refuses the open of another user's file, and so flock(1))."""
     if not stat.S_ISREG(st.st_mode) or dst is None:  # None: the path named a directory ("/", "a/..")
         return None
-    why = _safepath.replaceable(st, dst, strict=False)
+    why = _safepath.replaceable(st.st_uid, dst, strict=False)
     return None if why is None else "%s, who could remove it and make another while we hold this one (two " \
         "holders)" % why
 

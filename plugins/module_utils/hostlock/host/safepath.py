@@ -68,8 +68,8 @@ def _why_refused(link_st: os.stat_result, dir_st: os.stat_result) -> str | None:
     return None
 
 
-def replaceable(st: os.stat_result, dst: os.stat_result, strict: bool = True) -> str | None:
-    """Why someone we do not trust could remove the entry `st` of directory `dst`, or rename it away, and put
+def replaceable(owner: int, dst: os.stat_result, strict: bool = True) -> str | None:
+    """Why someone we do not trust could remove an entry of `owner`'s in directory `dst`, or rename it away, and put
     another in its place while we rely on it (a lock file: two holders; a lock directory or one above it: a
     new directory beside our held lock), or None. That is anybody, in a directory every user may write
     without the sticky bit; the entry's owner, when it is another user's in a sticky directory others can
@@ -82,8 +82,8 @@ def replaceable(st: os.stat_result, dst: os.stat_result, strict: bool = True) ->
     if dst.st_mode & 0o002 and not sticky:
         return ("its directory is writable by every user, without the sticky bit (mode %o)"
                 % stat.S_IMODE(dst.st_mode))
-    if sticky and dst.st_mode & 0o022 and st.st_uid not in (me, 0, dst.st_uid):
-        return "it belongs to uid %d, in a sticky directory others can write" % st.st_uid
+    if sticky and dst.st_mode & 0o022 and owner not in (me, 0, dst.st_uid):
+        return "it belongs to uid %d, in a sticky directory others can write" % owner
     if not strict and me != 0:
         return None
     if dst.st_uid not in (0, me):
@@ -205,7 +205,7 @@ def open_path(path: str, flags: int, mode: int = 0o666, follow_last: bool = True
 
 
 def _check_entry(fd: int, dirfd: int, shown: str) -> None:
-    why = replaceable(os.fstat(fd), os.fstat(dirfd))
+    why = replaceable(os.fstat(fd).st_uid, os.fstat(dirfd))
     if why:
         raise UnsafePath("refusing %s: %s, who could rename it away and put another in its place while a lock "
                          "is held there (two holders); set HOSTLOCK_DIR (or --dir) to a directory whose every "
