@@ -650,15 +650,40 @@ CLAIM_TRIES = 64
 
 
 def _meta(f: LockFile, alarm: Alarm | None) -> bool | None:
-    """Take META: True; False once the alarm has rung; None when it stayed held for META_PATIENCE. Spun for
-    first, as a queue range is (_spin): held for a few syscalls, it is usually free again within that."""
+    """Take META: True; False once the caller's alarm has rung (its deadline); None when it stayed held for
+    META_PATIENCE. Spun for first, as a queue range is (_spin): held for a few syscalls, it is usually free
+    again within that. Then asleep in the kernel, woken by the release itself (a sleep-and-retry loop here
+    cost the contended FIFO row 0.79x -> 0.67x flock), with the main thread's alarm set to the patience's end
+    (or the caller's deadline, if sooner); elsewhere (another thread) it retries with backoff."""
     if _spin(f, META, WR):
         return True
-    end = time.monotonic() + META_PATIENCE
+    patience = time.monotonic() + META_PATIENCE
+    if alarm is None:
+        own = _waiting.alarm(patience)
+        if own is not None:
+            try:
+                return True if _wait(f, META, WR, own) else None
+            finally:
+                own.disarm()
+    else:
+        user = alarm.deadline
+        if user is not None and user <= patience:  # the caller's deadline comes first anyway
+            return _wait(f, META, WR, alarm)
+        alarm.arm(patience)
+        try:
+            if _wait(f, META, WR, alarm):
+                return True
+        finally:
+            if user is not None:
+                alarm.arm(user)  # the rest of the caller's wait
+        return False if user is not None and time.monotonic() >= user else None
+    return _poll_meta(f, patience)
+
+
+def _poll_meta(f: LockFile, end: float) -> bool | None:
+    """META by non-blocking tries with backoff until `end` (a thread other than the main one has no alarm)."""
     delay = 0.0001
     while True:
-        if alarm is not None and alarm.rang:
-            return False
         time.sleep(delay)
         if f.lock(META, WR, False):
             return True
