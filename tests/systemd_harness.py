@@ -188,7 +188,8 @@ class Systemd:
             state = r.stdout.strip()
             if state in ("running", "degraded"):
                 return
-            if state not in ("initializing", "starting", ""):
+            # offline: systemctl found no manager to talk to yet (its private socket comes a moment after exec).
+            if state not in ("offline", "initializing", "starting", ""):
                 break
             time.sleep(0.05)
         failed = self.run("systemctl", "--failed", "--no-legend", check=False).stdout
