@@ -32,7 +32,8 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-CGROUP2 = "/sys/fs/cgroup/unified"
+# The cgroup2 hierarchy: a hybrid host's (cgroup v1 with a cgroup2 beside it, as here) or a pure v2 host's.
+CGROUP2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
 SYSTEMD = "/lib/systemd/systemd"
 BOOT_TIMEOUT = 60.0  # a busy 2-core machine boots in seconds; this bounds a hang only
 INNER_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -76,7 +77,8 @@ cd "$r"
 pivot_root . .hostlock-oldroot
 umount -l /.hostlock-oldroot
 rmdir /.hostlock-oldroot
-exec setpriv --bounding-set "$3" env -i container=other "$4" "$5" --system --unit=sysinit.target </dev/console >/dev/console 2>&1
+exec setpriv --bounding-set "$3" env -i container=other "$4" "$5" --system --unit=sysinit.target \
+    </dev/console >/dev/console 2>&1
 """
 
 
@@ -88,7 +90,7 @@ def usable() -> str:
     """Why a namespaced systemd cannot run here, or '' if it can (the tests skip with the reason)."""
     if os.geteuid() != 0:
         return "needs root (mounts, namespaces, cgroups)"
-    for path, what in ((SYSTEMD, "systemd"), (CGROUP2, "a cgroup2 mount")):
+    for path, what in ((SYSTEMD, "systemd"), (os.path.join(CGROUP2, "cgroup.procs"), "a cgroup2 mount")):
         if not os.path.exists(path):
             return "needs %s at %s" % (what, path)
     for tool in ("unshare", "nsenter", "setpriv"):
@@ -327,9 +329,10 @@ def _start(workdir: str) -> int:
     work = Path(workdir).resolve()
     _stop(str(work))
     work.mkdir(parents=True, mode=0o700)
-    keeper = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "keep", str(work)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(work / "keeper.log", "w"),
-                              start_new_session=True, cwd="/")
+    with open(work / "keeper.log", "w") as log:
+        keeper = subprocess.Popen([sys.executable, "-I", os.path.abspath(__file__), "keep", str(work)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                  start_new_session=True, cwd="/")
     (work / "keeper").write_text(str(keeper.pid))
     deadline = time.monotonic() + BOOT_TIMEOUT + 10
     while time.monotonic() < deadline:

@@ -15,7 +15,9 @@ import subprocess
 import textwrap
 
 import pytest
-from conftest import HOSTLOCK, boot, install_hostlock, play
+from systemd_support import HOSTLOCK, boot, install_hostlock, needs_systemd, play
+
+pytestmark = needs_systemd
 
 MARKS = "/var/tmp/hl/marks"
 # The overlap detector: `hl-mark NAME [GATE]` marks its start and end, waits for GATE if given, and records an
@@ -162,7 +164,7 @@ def test_jobs_sharing_a_lock_never_overlap_one_skips_one_waits(sd):
     # alpha ends; gamma gets the lock and runs, after alpha.
     sd.run("touch", "/var/tmp/hl/gate-alpha")
     for unit in ("alpha.service", "gamma.service"):
-        sd.wait_until(lambda: _results(sd, unit), unit + " to end")
+        sd.wait_until(lambda u=unit: _results(sd, u), unit + " to end")
         assert _results(sd, unit) == ["success"]
     assert _marks(sd) == ["start alpha root", "end alpha", "start gamma hlsd", "end gamma"]
     assert _results(sd, "beta.service")[:1] == ["success"] and _results(sd, "delta.service")[:1] == ["exit-code"]
@@ -191,7 +193,8 @@ def test_max_runtime_fails_the_unit_with_124_and_says_why(sd):
 
 def test_systemctl_stop_ends_the_job_frees_the_lock_and_is_no_failure(sd):
     sd.run("systemctl", "start", "--no-block", "stopme.service")
-    holder = sd.wait_until(lambda: (_lock(sd, "stopme")["holders"] or [{}])[0].get("job_pid"), "stopme to hold its lock")
+    holder = sd.wait_until(lambda: (_lock(sd, "stopme")["holders"] or [{}])[0].get("job_pid"),
+                           "stopme to hold its lock")
     sd.run("systemctl", "stop", "stopme.service")  # returns once the unit is down
     assert _props(sd, "stopme.service", "ActiveState", "Result") == {"ActiveState": "inactive", "Result": "success"}
     assert _lock(sd, "stopme")["state"] == "free"

@@ -8,8 +8,10 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, boot
 from systemd_harness import CGROUP2, SYSTEMD
+from systemd_support import ROOT, boot, needs_systemd
+
+pytestmark = needs_systemd
 
 
 def _in_namespace(ns: str) -> list[int]:
