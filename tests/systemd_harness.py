@@ -230,7 +230,8 @@ class Systemd:
             return
         deadline = time.monotonic() + timeout
         while True:
-            dirs = sorted((Path(d) for d, _, _ in os.walk(self.cgroup)), key=lambda p: len(p.parts), reverse=True)
+            dirs = sorted((Path(walked[0]) for walked in os.walk(self.cgroup)), key=lambda p: len(p.parts),
+                          reverse=True)
             try:
                 for d in dirs:
                     d.rmdir()
@@ -255,7 +256,7 @@ class Systemd:
     def run(self, *argv: str, check: bool = True, input: str | None = None,
             timeout: float = 60.0) -> subprocess.CompletedProcess:
         """Run a command inside; with `check`, a non-zero exit raises with its output."""
-        r = subprocess.run(self.argv(*argv), input=input, capture_output=True, text=True, timeout=timeout)
+        r = subprocess.run(self.argv(*argv), input=input, capture_output=True, text=True, timeout=timeout, check=False)
         if check and r.returncode != 0:
             raise SystemdError("%s exited %d:\n%s%s" % (" ".join(argv), r.returncode, r.stdout, r.stderr))
         return r

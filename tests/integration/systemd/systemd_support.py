@@ -67,4 +67,4 @@ def play(sd: Systemd, base: Path, playbook: str, *args: str) -> subprocess.Compl
                ANSIBLE_LOCAL_TEMP=str(base / "tmp"), ANSIBLE_HOME=str(base / "home"),
                ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
     return subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(path), *args],
-                          capture_output=True, text=True, env=env, timeout=900)
+                          capture_output=True, text=True, env=env, timeout=900, check=False)

@@ -212,7 +212,7 @@ def test_a_dropin_puts_an_existing_service_under_the_lock(sd):
         sd.run("systemctl", "start", "legacy.service")  # a oneshot: returns when its run has ended
     finally:
         sd.run("touch", "/run/release")
-        out, _ = holder.communicate(timeout=60)
+        out = holder.communicate(timeout=60)[0]
     assert holder.returncode == 0, out
     sd.run("systemctl", "start", "legacy.service")
     # The skipped run ended well; only the second ran the command, whose journal identifier is still its
