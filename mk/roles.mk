@@ -1,4 +1,5 @@
-# Roles: hostlock.core.cli (installs the command) and hostlock.core.cron (single-instance cron jobs).
+# Roles: hostlock.core.cli (installs the command), hostlock.core.cron (single-instance cron jobs) and
+# hostlock.core.systemd (timers and services under named locks; its scenario boots a real systemd instead of sshd).
 #
 #   make test-roles      molecule test for each role: check mode on a fresh host, converge, idempotence, verify,
 #                        against a disposable SSH target (tests/integration/roles/target.sh: sshd on 127.0.0.1 in a
@@ -6,7 +7,7 @@
 #   make lint-roles      ansible-lint, production profile, over both roles and their molecule scenarios
 #   make molecule ROLE=cron CMD=converge   one molecule command for one role (login, verify, destroy, ...)
 
-ROLES              := cli cron
+ROLES              := cli cron systemd
 # ansible-lint finds hostlock.core through this symlink instead of an installed copy. Molecule needs no make step:
 # each scenario's create links the checkout into its own ephemeral directory (tests/integration/roles/create.yml),
 # so `cd roles/cron && molecule test` works on a fresh clone with .venv active, exactly as here.
@@ -58,6 +59,6 @@ molecule: venv roles-deps
 
 lint-roles: venv roles-collection
 	ANSIBLE_COLLECTIONS_PATH=$(abspath $(ROLES_COLLECTIONS)) \
-	  $(VENV_BIN)/ansible-lint --offline --profile production roles/cli roles/cron roles/with_lock tests/integration/roles
+	  $(VENV_BIN)/ansible-lint --offline --profile production roles/cli roles/cron roles/systemd roles/with_lock tests/integration/roles tests/integration/systemd
 
 TEST_TARGETS += test-roles
