@@ -11,7 +11,7 @@ import time
 
 from ..core.model import FLEET_TTL
 from . import common as c
-from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
+from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, take, where
 from .supervise import (
     Signalled,
     Started,
@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
     from .options import RunLock
+    from .runlog import RunLog
 
 
 def _mode_text(o: Options) -> str:
@@ -45,9 +46,18 @@ def main_run(args: list[str]) -> int:
         c.write_out(RUN_HELP)
         return 0
     early: list[Started] = []  # the job's process, when forked before the lock is held (a fleet lock)
+    log = None
+    if o.metrics_dir is not None or o.history:  # cli/runlog.py, loaded only then
+        from .runlog import begin
+
+        log, code = begin(o, "run")
+        if log is None:
+            return code
     try:
-        return _run(o, early)
+        return _run(o, early, log)
     finally:
+        if log is not None:
+            log.close()
         for job in early:
             job.cancel()  # the lock was not taken (or the job could not start): it never runs
         if o.fleet is not None:
@@ -56,7 +66,7 @@ def main_run(args: list[str]) -> int:
             drop()  # a grant sent early that no lock took (an error came first): revoked
 
 
-def _run(o: Options, early: list[Started]) -> int:
+def _run(o: Options, early: list[Started], log: RunLog | None) -> int:
     fleet = o.fleet is not None
     if fleet and o.fleet:
         # The lease's grant first: etcd commits it while the lock's modules load (the policy, the fleet engine,
@@ -83,7 +93,7 @@ def _run(o: Options, early: list[Started]) -> int:
                 lock.update_record(job_cmdline=c.join_command(o.command))
                 lock.acquire(timeout=o.wait, meanwhile=_early_start(o, lock, early))
             else:
-                lock.acquire(timeout=o.wait)
+                take(o, lock, log)
             if trapped is not None:
                 mask = block_job_signals()  # held before the wait's handlers go: see block_job_signals
         finally:
@@ -93,12 +103,18 @@ def _run(o: Options, early: list[Started]) -> int:
     except LockTimeout as exc:
         if not o.quiet:
             c.say(c.conflict_text(o.name or "", exc, o.wait))
+        if log is not None:
+            log.busy(lock, time.monotonic() - t0, c.conflict_text(o.name or "", exc, o.wait))
         return c.CONFLICT_DEFAULT if o.conflict_code is None else o.conflict_code
     except KeyboardInterrupt:
         return signalled_while_waiting(lock, _signal.SIGINT)
     except Exception as exc:
+        if log is not None:
+            log.failed(lock, c.describe_error(exc))
         return _lock_failed(o, exc)
-    lost = False
+    if log is not None:
+        log.acquired(lock, time.monotonic() - t0)
+    lost = None  # the line saying the fleet lock was lost, if it was
     try:
         if o.verbose:
             c.say("got %s lock %s (%s%s) after %s" % (
@@ -115,10 +131,12 @@ def _run(o: Options, early: list[Started]) -> int:
                 outcome = supervise(job_of(o, lock), recorder(lock, o), mask=mask)
         except OSError as exc:
             c.say("cannot start the job: %s" % c.describe_error(exc))
+            if log is not None:
+                log.failed(lock, c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
-        lost = fleet and (outcome.aborted or lock.lost)
-        if lost:
-            c.say(lost_text(o, lock, outcome.describe()))
+        if fleet and (outcome.aborted or lock.lost):
+            lost = lost_text(o, lock, outcome.describe())
+            c.say(lost)
         elif o.verbose:
             c.say("job %s" % outcome.describe())
     finally:
@@ -127,6 +145,8 @@ def _run(o: Options, early: list[Started]) -> int:
         except Exception as exc:  # the lock dies with this process anyway; say it, do not mask the job's status
             if o.verbose:
                 c.say("release: %s" % c.describe_error(exc))
+    if log is not None:
+        log.ended(lock, outcome, c.EX_LOST if lost else outcome.exit_code(), lost)
     if lost:
         return c.EX_LOST  # whatever the job's status: its work may have overlapped another holder's
     die_like(outcome)
