@@ -49,6 +49,7 @@ class JobMetrics:
     def __init__(self, directory: str, job: str) -> None:
         self.directory, self.job = directory, job
         self.file = "hostlock-job-%s.prom" % job
+        self.guard = ".hostlock-job-%s.lock" % job  # flock'd for the read-update-write of the job's counters
         try:
             self.dirfd = _safepath.open_path(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except _safepath.UnsafePath as exc:
@@ -68,6 +69,16 @@ class JobMetrics:
             code = errno.EACCES if "writable by uid" in why else errno.EPERM
             raise MetricsError(code, "refusing metrics directory %s: %s (use a directory of root's or yours that "
                                "only its owner can write, as node_exporter's textfile directory is)" % (directory, why))
+        for name in (self.file, self.guard):  # in a sticky directory another user may have made them first
+            try:
+                fst = os.stat(name, dir_fd=self.dirfd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if (fst.st_mode & 0o170000) != 0o100000 or fst.st_uid != os.geteuid():
+                os.close(self.dirfd)
+                raise MetricsError(errno.EPERM, "refusing metrics directory %s: %s there is %s" % (
+                    directory, name, "not a plain file" if (fst.st_mode & 0o170000) != 0o100000
+                    else "uid %d's, not ours (uid %d): another user made it" % (fst.st_uid, os.geteuid())))
 
     def _open_own(self, name: str, flags: int, mode: int = 0o600) -> int:
         """A plain file of ours in the directory, never through a link; MetricsError if it is anything else."""
@@ -87,7 +98,7 @@ class JobMetrics:
         import fcntl
 
         try:
-            guard = self._open_own(".hostlock-job-%s.lock" % self.job, os.O_RDWR | os.O_CREAT)
+            guard = self._open_own(self.guard, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(guard, fcntl.LOCK_EX)  # only our uid (and root) can open it: 0600, ours
                 values = self._read()

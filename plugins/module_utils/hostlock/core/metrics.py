@@ -91,6 +91,13 @@ def lock_figures(st: LockStatus, now: float | None = None) -> dict:
     }
 
 
+def with_figures(st: LockStatus, now: float | None = None) -> dict:
+    """One lock as lock_info returns it (module and action alike): the engine's as_dict() and its `figures`."""
+    d = st.as_dict()
+    d["figures"] = lock_figures(st, now)
+    return d
+
+
 # The families of `status --format openmetrics`, in order: (figure, metric name, help, unit).
 LOCK_FAMILIES = (
     ("holders", "hostlock_lock_holders", "Processes holding the lock now (stale records apart).", ""),
