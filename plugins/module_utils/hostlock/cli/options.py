@@ -415,18 +415,18 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
 
 
 def take(o: Options, lock: RunLock, log: RunLog | None = None) -> None:
-    """Acquire `lock` as the options say; with --replace, a busy lock's running copy is ended first
-    (cli/replace.py, loaded only then). Raises LockTimeout when the lock stays busy."""
+    """Acquire `lock` as the options say. With --replace the running copy gets --wait (default: no time) to end
+    on its own, then is ended (cli/replace.py, loaded only then). Raises LockTimeout when the lock stays busy."""
     from ..core.errors import LockTimeout
 
     try:
-        lock.acquire(timeout=o.wait)
+        lock.acquire(timeout=0.0 if o.replace and o.wait is None else o.wait)
     except LockTimeout as busy:
         if not o.replace:
             raise
         from .replace import replace
 
-        ended = replace(o, lock, busy, o.wait)
+        ended = replace(o, lock, busy)
         if log is not None:
             log.replacing(lock, ended)
 

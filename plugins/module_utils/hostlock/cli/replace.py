@@ -10,7 +10,8 @@ What is ended, and how (docs/cli.md, docs/security.md):
 - With the time limit's kill sequence: SIGTERM (and SIGCONT) to the holder's hostlock, which forwards it to its
   job's process group; if it has not exited after --kill-after, SIGKILL to it (through a pidfd, proven again
   first), whose watcher then kills the job's whole tree before the lock is free (cli/jobkill.py). Then this run
-  waits for the lock like any waiter: those queued before it keep their turn.
+  waits for the lock (up to SETTLE) like any waiter: those queued before it keep their turn. With --wait D the
+  running copy first gets D to end on its own (without, none).
 - Exclusive host locks only: a shared lock or a semaphore is meant to have several holders (which would be
   "the" copy?), and a fleet lock's holder may run on another host, where no kernel fact can be read.
 """
@@ -66,9 +67,9 @@ def _kill(holder: object) -> None:
             os.close(fd)
 
 
-def replace(o: Options, lock: RunLock, busy: LockTimeout, wait: float | None) -> list:
+def replace(o: Options, lock: RunLock, busy: LockTimeout) -> list:
     """End the running copies of the job that hold `lock` (see the module's docstring), then take the lock,
-    waiting up to `wait` (None: SETTLE). Returns the holders ended; raises LockTimeout (`busy`, or the new
+    waiting up to SETTLE for it. Returns the holders ended; raises LockTimeout (`busy`, or the new
     wait's) when nothing of ours could be ended or the lock was taken by another first."""
     from ..core.holder import end_holders
 
@@ -93,5 +94,5 @@ def replace(o: Options, lock: RunLock, busy: LockTimeout, wait: float | None) ->
                 c.say("--replace: %s still holds the lock after %s: SIGKILL" % (h.describe(),
                                                                                 c.format_span(o.kill_after)))
             _kill(h)
-    lock.acquire(timeout=SETTLE if wait is None else max(wait, SETTLE))
+    lock.acquire(timeout=SETTLE)
     return mine
