@@ -154,7 +154,7 @@ def _cron(o: Options, log: RunLog | None) -> int:
     except Signalled as sig:
         return signalled_while_waiting(lock, sig.signum)
     except LockTimeout as exc:
-        text = c.conflict_text(o.name, exc, o.wait)
+        text = c.conflict_text(o.name or "", exc, o.wait)
         if o.on_conflict != "quiet" or o.verbose:
             c.say("%s; not running %s" % (text, cmdline))
         if o.syslog:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import errno
 import os
 
+from . import common as c
+
 SOCKET = "/run/systemd/journal/socket"
 # Every hostlock event carries this MESSAGE_ID (a fixed 128-bit id, as journal catalogs key on): the one match
 # `history` asks journalctl for; SYSLOG_IDENTIFIER=hostlock makes `journalctl -t hostlock` show them too.
@@ -26,7 +28,9 @@ _PRIORITY = {"acquired": 6, "released": 6, "busy": 5, "timeout": 5, "replaced": 
 
 
 class JournalUnavailable(OSError):
-    """No journald to send to (no socket, or it refuses): `--history` cannot be honoured."""
+    """No journald to send to (no socket, or it refuses): `--history` cannot be honoured (exit 69)."""
+
+    exit_code = 69  # EX_UNAVAILABLE
 
 
 def check() -> None:
@@ -121,21 +125,26 @@ def _field(entry: dict, key: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _number(text: str | None, kind: type = float) -> float | int | None:
+def _number(text: str | None) -> float | None:
     try:
-        value = kind(text) if text not in (None, "") else None
+        value = float(text) if text else None
     except (TypeError, ValueError, OverflowError):
         return None
-    return value if value is None or value == value else None
+    return value if value is None or value == value else None  # NaN: no number
+
+
+def _int(text: str | None) -> int | None:
+    n = c.decimal_arg(text) if text else None
+    return n if n is not None and 0 <= n < 2 ** 63 else None
 
 
 def event(entry: dict) -> dict:
     """One journal entry as history's JSON event. Who sent it (`uid`, `pid`) comes from journald's trusted
     fields only; `claimed_uid` is what the entry says of itself, and `forged` is true when the two differ
     (another user sent fields that name someone else) or the sender is unknown (no `_UID`)."""
-    uid = _number(_field(entry, "_UID"), int)
-    claimed = _number(_field(entry, "HOSTLOCK_UID"), int)
-    stamp = _number(_field(entry, "__REALTIME_TIMESTAMP"), int)
+    uid = _int(_field(entry, "_UID"))
+    claimed = _int(_field(entry, "HOSTLOCK_UID"))
+    stamp = _int(_field(entry, "__REALTIME_TIMESTAMP"))
     return {
         "time": stamp / 1e6 if isinstance(stamp, int) else None,
         "event": _field(entry, "HOSTLOCK_EVENT"),
@@ -143,19 +152,19 @@ def event(entry: dict) -> dict:
         "directory": _field(entry, "HOSTLOCK_DIRECTORY"),
         "uid": uid,
         "user": _user(uid),
-        "pid": _number(_field(entry, "_PID"), int),
+        "pid": _int(_field(entry, "_PID")),
         "claimed_uid": claimed,
         "forged": uid is None or claimed != uid,
         "job": _field(entry, "HOSTLOCK_JOB"),
         "label": _field(entry, "HOSTLOCK_LABEL"),
         "command": _field(entry, "HOSTLOCK_COMMAND"),
-        "job_pid": _number(_field(entry, "HOSTLOCK_JOB_PID"), int),
+        "job_pid": _int(_field(entry, "HOSTLOCK_JOB_PID")),
         "wait": _number(_field(entry, "HOSTLOCK_WAIT_SECONDS")),
         "hold": _number(_field(entry, "HOSTLOCK_HOLD_SECONDS")),
         "result": _field(entry, "HOSTLOCK_RESULT"),
-        "exit_status": _number(_field(entry, "HOSTLOCK_EXIT_STATUS"), int),
-        "holder_pid": _number(_field(entry, "HOSTLOCK_HOLDER_PID"), int),
-        "holder_job_pid": _number(_field(entry, "HOSTLOCK_HOLDER_JOB_PID"), int),
+        "exit_status": _int(_field(entry, "HOSTLOCK_EXIT_STATUS")),
+        "holder_pid": _int(_field(entry, "HOSTLOCK_HOLDER_PID")),
+        "holder_job_pid": _int(_field(entry, "HOSTLOCK_HOLDER_JOB_PID")),
         "hostname": _field(entry, "_HOSTNAME"),
         "message": _field(entry, "MESSAGE"),
     }

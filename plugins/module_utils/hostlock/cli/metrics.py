@@ -19,13 +19,14 @@ import errno
 import os
 import time
 
-from ..core.metrics import Family, render
 from ..host import safepath as _safepath
 from . import common as c
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Iterable
+
+    from ..core.metrics import Family
 
 ENV = "HOSTLOCK_METRICS_DIR"  # the default of --metrics-dir; empty or unset: no metrics
 RESULTS = ("ok", "failed", "busy", "timeout", "lost")  # hostlock_job_runs_total's `result`, each kept from 0
@@ -96,6 +97,8 @@ class JobMetrics:
         """Count one run of the job (`result`: one of RESULTS) and, when it ran, its start, duration, exit code
         (and success); `wait`: how long it waited for `lock`. Raises MetricsError (an OSError)."""
         import fcntl
+
+        from ..core.metrics import render
 
         try:
             guard = self._open_own(self.guard, os.O_RDWR | os.O_CREAT)
@@ -215,7 +218,7 @@ def _families(job: str, values: dict[str, float]) -> Iterable[Family]:
     """The job file's families from `values` (what _update made of the last file): the counters (every result
     from 0, so that a rate() sees the first failure) and the last success (0: never) always, the other gauges
     once the job has run."""
-    from ..core.metrics import series
+    from ..core.metrics import Family, series
 
     always = ("hostlock_job_runs_total", "hostlock_job_replaced_total", "hostlock_job_last_success_timestamp_seconds")
     for name, kind, unit, help_text in _JOB_FAMILIES:

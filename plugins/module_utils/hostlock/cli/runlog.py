@@ -70,13 +70,15 @@ class RunLog:
         except JournalUnavailable as exc:
             c.say(str(exc))
 
-    def _metrics(self, result: str, **fields: object) -> None:
+    def _metrics(self, result: str, started: float | None = None, duration: float | None = None,
+                 exit_code: int | None = None) -> None:
         if self.metrics is None:
             return
         from .metrics import MetricsError
 
         try:
-            self.metrics.record(result, lock=self.o.name or "", wait=self.wait, replaced=self.replaced, **fields)
+            self.metrics.record(result, lock=self.o.name or "", wait=self.wait, replaced=self.replaced,
+                                started=started, duration=duration, exit_code=exit_code)
         except MetricsError as exc:
             c.say(str(exc))
 
@@ -138,15 +140,10 @@ def _where(lock: RunLock) -> str:
 def begin(o: Options, command: str) -> tuple[RunLog | None, int]:
     """The run's RunLog, or (None, exit code) with the one line said: a job name that is none (64), a metrics
     directory that cannot be trusted or opened (66, or the errno's code), no journal for --history (69)."""
-    from .journal import JournalUnavailable
-
     try:
         return RunLog(o, command), 0
     except c.UsageError as exc:
         return None, c.usage_error(str(exc), command)
-    except JournalUnavailable as exc:
+    except OSError as exc:  # journal.JournalUnavailable says its own code (69): not imported for metrics alone
         c.say(str(exc))
-        return None, c.EX_UNAVAILABLE
-    except OSError as exc:
-        c.say(str(exc))
-        return None, c.errno_exit_code(exc.errno, c.EX_NOINPUT)
+        return None, getattr(exc, "exit_code", None) or c.errno_exit_code(exc.errno, c.EX_NOINPUT)
