@@ -36,7 +36,8 @@ def test_replace_ends_the_running_copy_then_runs(cli, tmp_path):
     assert "killed by signal 15" in old.stderr.read()
     assert not pid_alive(holder) and not pid_alive(job)
     got = samples((m / "hostlock-job-sync.prom").read_text())
-    assert got['hostlock_job_replaced_total{job="sync"}'] == 1 and got['hostlock_job_runs_total{job="sync",result="ok"}'] == 1
+    assert got['hostlock_job_replaced_total{job="sync"}'] == 1
+    assert got['hostlock_job_runs_total{job="sync",result="ok"}'] == 1
 
 
 def test_a_copy_that_ignores_sigterm_is_killed_after_kill_after_with_its_whole_tree(cli, tmp_path):

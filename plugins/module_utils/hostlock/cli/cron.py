@@ -12,8 +12,8 @@ import time
 
 from ..core.names import name_chars
 from . import common as c
-from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, take, where
-from .run import signalled_while_waiting
+from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
+from .run import signalled_while_waiting, take
 from .supervise import Signalled, block_job_signals, supervise, trap_wait_signals, untrap, waker
 
 TYPE_CHECKING = False

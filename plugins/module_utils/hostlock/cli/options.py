@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..host.pathlock import PathLock
 
     RunLock = Union[Lock, PathLock]  # what `run` and `cron` drive: a named (host or fleet) lock, or --path
-    from .runlog import RunLog
 
 _SHELL = "/bin/sh"  # -c uses /bin/sh like flock(1), never $SHELL: cron entries must not depend on a login shell
 
@@ -385,11 +384,16 @@ def _check_observed(o: Options, command: str) -> None:
                                    "empty)" % c.quote(history), command)
             o.history = True
     if o.replace:
-        from .replace import refused_with
-
-        why = refused_with(o)
+        why = None  # where there is no single running copy this host's kernel can prove (cli/replace.py)
+        if o.fleet is not None:
+            why = "not a fleet lock's: its holder may run on another host"
+        elif o.path is not None:
+            why = "not --path: only a named lock's owner record names the running job"
+        elif o.mode == "shared" or o.slots > 1:
+            why = "not a shared lock or a semaphore, which have several"
         if why:
-            raise c.UsageError(why, command)
+            raise c.UsageError("--replace ends the running copy of an exclusive host lock, proven by this host's "
+                               "kernel: %s" % why, command)
 
 
 def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
@@ -412,23 +416,6 @@ def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:
         return Lock(o.name, mode=o.mode, slots=o.slots, label=o.label, fleet=o.fleet, on_lost=on_lost, ttl=o.ttl)
     return Lock(o.name, mode=o.mode, slots=o.slots, directory=o.directory, mechanism=o.mechanism,
                 label=o.label)
-
-
-def take(o: Options, lock: RunLock, log: RunLog | None = None) -> None:
-    """Acquire `lock` as the options say. With --replace the running copy gets --wait (default: no time) to end
-    on its own, then is ended (cli/replace.py, loaded only then). Raises LockTimeout when the lock stays busy."""
-    from ..core.errors import LockTimeout
-
-    try:
-        lock.acquire(timeout=0.0 if o.replace and o.wait is None else o.wait)
-    except LockTimeout as busy:
-        if not o.replace:
-            raise
-        from .replace import replace
-
-        ended = replace(o, lock, busy)
-        if log is not None:
-            log.replacing(lock, ended)
 
 
 def job_of(o: Options, lock: RunLock, out_fd: int | None = None) -> Job:

@@ -32,18 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
 SETTLE = 10.0
 
 
-def refused_with(o: Options) -> str | None:
-    """Why --replace cannot apply to these options (a usage error), or None."""
-    if o.fleet is not None:
-        return "--replace ends a running copy proven by this host's kernel: not a fleet lock's (its holder may " \
-               "run on another host)"
-    if o.path is not None:
-        return "--replace applies to named locks, whose owner records name the running job: not --path"
-    if o.mode == "shared" or o.slots > 1:
-        return "--replace ends the running copy of an exclusive lock: a shared lock or a semaphore has several"
-    return None
-
-
 def _kill(holder: object) -> None:
     """SIGKILL `holder`'s process, if it still proves to be the holder (after its pidfd is open)."""
     import signal

@@ -11,7 +11,7 @@ import time
 
 from ..core.model import FLEET_TTL
 from . import common as c
-from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, take, where
+from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
 from .supervise import (
     Signalled,
     Started,
@@ -151,6 +151,24 @@ def _run(o: Options, early: list[Started], log: RunLog | None) -> int:
         return c.EX_LOST  # whatever the job's status: its work may have overlapped another holder's
     die_like(outcome)
     return outcome.exit_code()
+
+
+def take(o: Options, lock: RunLock, log: RunLog | None = None) -> None:
+    """Acquire `lock` as the options say (run's and cron's host locks). With --replace the running copy gets --wait
+    (default: no time) to end on its own, then is ended (cli/replace.py, loaded only then). Raises LockTimeout
+    when the lock stays busy."""
+    from ..core.errors import LockTimeout
+
+    try:
+        lock.acquire(timeout=0.0 if o.replace and o.wait is None else o.wait)
+    except LockTimeout as busy:
+        if not o.replace:
+            raise
+        from .replace import replace
+
+        ended = replace(o, lock, busy)
+        if log is not None:
+            log.replacing(lock, ended)
 
 
 def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], None]:
