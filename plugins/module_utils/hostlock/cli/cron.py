@@ -13,7 +13,7 @@ import time
 from ..core.names import name_chars
 from . import common as c
 from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
-from .run import signalled_while_waiting, take
+from .run import signalled_while_waiting, take, with_log
 from .supervise import Signalled, block_job_signals, supervise, trap_wait_signals, untrap, waker
 
 TYPE_CHECKING = False
@@ -119,18 +119,7 @@ def main_cron(args: list[str]) -> int:
         return 0
     if o.name is None:
         o.name = default_cron_name(o)
-    log = None
-    if o.metrics_dir is not None or o.history:  # cli/runlog.py, loaded only then
-        from .runlog import begin
-
-        log, code = begin(o, "cron")
-        if log is None:
-            return code
-    try:
-        return _cron(o, log)
-    finally:
-        if log is not None:
-            log.close()
+    return with_log(o, "cron", lambda log: _cron(o, log))
 
 
 def _cron(o: Options, log: RunLog | None) -> int:

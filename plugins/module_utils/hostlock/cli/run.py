@@ -46,24 +46,32 @@ def main_run(args: list[str]) -> int:
         c.write_out(RUN_HELP)
         return 0
     early: list[Started] = []  # the job's process, when forked before the lock is held (a fleet lock)
-    log = None
-    if o.metrics_dir is not None or o.history:  # cli/runlog.py, loaded only then
-        from .runlog import begin
-
-        log, code = begin(o, "run")
-        if log is None:
-            return code
     try:
-        return _run(o, early, log)
+        return with_log(o, "run", lambda log: _run(o, early, log))
     finally:
-        if log is not None:
-            log.close()
         for job in early:
             job.cancel()  # the lock was not taken (or the job could not start): it never runs
         if o.fleet is not None:
             from ..fleet.grant import drop
 
             drop()  # a grant sent early that no lock took (an error came first): revoked
+
+
+def with_log(o: Options, command: str, body: Callable[[RunLog | None], int]) -> int:
+    """body(log): the run with its RunLog when it keeps metrics or history (cli/runlog.py, loaded only then), else
+    None; a RunLog that cannot be opened (an untrusted metrics directory, no journal) ends the run first."""
+    log = None
+    if o.metrics_dir is not None or o.history:
+        from .runlog import begin
+
+        log, code = begin(o, command)
+        if log is None:
+            return code
+    try:
+        return body(log)
+    finally:
+        if log is not None:
+            log.close()
 
 
 def _run(o: Options, early: list[Started], log: RunLog | None) -> int:
