@@ -23,6 +23,8 @@ SOCKET = "/run/systemd/journal/socket"
 # Every hostlock event carries this MESSAGE_ID (a fixed 128-bit id, as journal catalogs key on): the one match
 # `history` asks journalctl for; SYSLOG_IDENTIFIER=hostlock makes `journalctl -t hostlock` show them too.
 MESSAGE_ID = "09b2d49999914d86a09523ea6ea22499"
+SEND_TIMEOUT = 2.0
+MAX_VALUE = 4096  # a field's longest value (a command line can be 2 MB: one datagram must stay well under 200 kB)
 EVENTS = ("acquired", "released", "busy", "timeout", "replaced", "broken", "lost")
 _PRIORITY = {"acquired": 6, "released": 6, "busy": 5, "timeout": 5, "replaced": 5, "broken": 4, "lost": 3}
 
@@ -53,6 +55,8 @@ def encode(fields: dict[str, object]) -> bytes:
         if value is None:
             continue
         data = str(value).encode("utf-8", "backslashreplace")
+        if len(data) > MAX_VALUE:  # cut on a character's boundary: the field stays text
+            data = data[:MAX_VALUE].decode("utf-8", "ignore").encode("utf-8")
         key = name.encode("ascii")
         if b"\n" in data:
             out.append(key + b"\n" + len(data).to_bytes(8, "little") + data + b"\n")
@@ -76,6 +80,7 @@ def send(event: str, lock: str, message: str, **fields: object) -> None:
     }
     entry.update(("HOSTLOCK_" + k.upper(), v) for k, v in fields.items())
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM)
+    s.settimeout(SEND_TIMEOUT)  # a journald too busy to read its socket must not hold up a run holding its lock
     try:
         s.sendto(encode(entry), SOCKET)
     except OSError as exc:
