@@ -12,6 +12,7 @@ import typing as t
 
 from ansible.plugins.action import ActionBase
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, list_locks, status
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.metrics import with_figures
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet
 
 ARGUMENT_SPEC = dict(name=dict(type="str"), directory=dict(type="path"), fleet=dict(type="str"))
@@ -40,6 +41,6 @@ class ActionModule(ActionBase):
         except (HostlockError, ValueError) as e:
             return dict(result, failed=True, msg=f"lock_info: {_fleet.one_line(e)}", fleet=fleet)
         # the engine's one serializer, as for host locks (and `hostlock status --fleet --json`)
-        locks = sorted((s.as_dict() for s in found), key=lambda s: s.get("name") or "")
+        locks = sorted((with_figures(s) for s in found), key=lambda s: s.get("name") or "")
         result.update(changed=False, locks=locks, fleet=fleet)
         return result

@@ -237,6 +237,14 @@ locks:
     held:
       description: Whether it has any holder record (live or stale).
       type: bool
+    figures:
+      description: >-
+        The lock's numbers, as C(hostlock status --format openmetrics) exports them (one function makes
+        both): V(holders) (live), V(stale_holders), V(waiters), V(slots), V(oldest_hold_seconds) (how long the
+        oldest live holder has held it; 0 when free) and V(problem) (1 when the path was refused or a record
+        is forged).
+      type: dict
+      sample: {holders: 1, stale_holders: 0, waiters: 2, slots: 1, oldest_hold_seconds: 31.5, problem: 0}
     directory:
       description: The lock directory it is in (for a fleet lock, the fleet URL).
       type: str
@@ -273,11 +281,12 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     list_locks,
     status,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.metrics import with_figures
 
 
 def collect(name: str | None, directory: str | None) -> dict:
     found = [status(name, directory=directory)] if name else list_locks(directory=directory)
-    locks = sorted((s.as_dict() for s in found), key=lambda s: s.get("name") or "")
+    locks = sorted((with_figures(s) for s in found), key=lambda s: s.get("name") or "")
     resolved = found[0].directory if found else (directory or default_directory())
     return dict(changed=False, locks=locks, directory=resolved)
 

@@ -3,7 +3,7 @@
 This module only dispatches: each subcommand lives in `cli.run` or `cli.cron` (run, cron: the hot path,
 hand-parsed in `cli.options`, jobs supervised by `cli.supervise`), `cli.flock` (flock: flock(1)'s command
 line, hand-parsed too) or
-`cli.admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used).
+`cli.admin` (status, list, hold, renew, release, break, gc: argparse, imported only when used), `cli.history`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ commands:
                              for crontabs: skip if still running, silent unless the job fails
   status [NAME]              who holds what: holders, their jobs, waiters, stale state (--json)
   status --path FILE         who holds kernel locks (flock, POSIX, OFD) on any file, and their jobs
+  status --format openmetrics
+                             holders, waiters and hold ages per lock, for Prometheus
+  history [NAME]             what happened to a lock, who and when (from the system journal; --json)
   list                       every lock in the directory (--json)
   hold NAME --lease D        take a lock that outlives this command; prints a token
   renew NAME TOKEN           extend a lease (--lease D)
@@ -103,7 +106,7 @@ def _fast_exit(code: int) -> None:
 
 def _dispatch(args: list[str]) -> int:
     if not args:
-        c.say("missing command: run, flock, cron, status, list, hold, renew, release, break or gc "
+        c.say("missing command: run, flock, cron, status, list, history, hold, renew, release, break or gc "
               "(see 'hostlock --help')")
         return c.EX_USAGE
     command, rest = args[0], args[1:]
@@ -119,6 +122,10 @@ def _dispatch(args: list[str]) -> int:
         from .cron import main_cron
 
         return main_cron(rest)
+    if command == "history":
+        from .history import main_history
+
+        return main_history(rest)
     if command in _ADMIN:
         from .admin import main_admin
 
@@ -134,5 +141,5 @@ def _dispatch(args: list[str]) -> int:
     if command.startswith("-"):
         return c.usage_error("unknown option %s: options follow the command, e.g. 'hostlock run -n NAME CMD'"
                              % command)
-    return c.usage_error("unknown command %r: use run, flock, cron, status, list, hold, renew, release, break or gc"
-                         % command)
+    return c.usage_error("unknown command %r: use run, flock, cron, status, list, history, hold, renew, release, "
+                         "break or gc" % command)

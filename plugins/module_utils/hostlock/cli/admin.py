@@ -124,6 +124,8 @@ def _build(command: str) -> argparse.ArgumentParser:
         _add_dir(p)
         _add_fleet(p)
         _add_json(p)
+        p.add_argument("--format", choices=("text", "json", "openmetrics"), help="text (default), json (= --json), "
+                       "or openmetrics: holders, waiters and hold ages per lock, for Prometheus (docs/cli.md)")
         p.add_argument("-w", "--wide", action="store_true", help="do not shorten command lines")
     elif command == "hold":
         p = _parser(command, "Take lock NAME for a lease that outlives this command: a detached holder process "
@@ -350,12 +352,30 @@ def _where_json(ns: argparse.Namespace) -> dict[str, Any]:
     return {"directory": _directory(ns)}
 
 
+def _format(ns: argparse.Namespace) -> str:
+    """--format, with --json its synonym (both given must agree)."""
+    if ns.json and ns.format not in (None, "json"):
+        raise c.UsageError("--json and --format %s cannot be used together" % ns.format)
+    return "json" if ns.json else ns.format or "text"
+
+
+def _openmetrics(statuses: list[LockStatus]) -> int:
+    """status --format openmetrics: one sample per lock in each family (core/metrics.py, as lock_info's figures)."""
+    from ..core.metrics import lock_families, render
+
+    c.write_out(render(lock_families(statuses), openmetrics=True))
+    return 0
+
+
 def cmd_status(ns: argparse.Namespace) -> int:
-    """status [NAME] / list: the table, or {"schema", "directory", "locks": [...]}."""
+    """status [NAME] / list: the table, or {"schema", "directory", "locks": [...]}, or OpenMetrics."""
     name = getattr(ns, "name", None)
+    ns.json = _format(ns) == "json"
     if getattr(ns, "path", None) is not None:
         if name:
             raise c.UsageError("give a lock NAME or --path FILE, not both")
+        if ns.format == "openmetrics":
+            raise c.UsageError("--format openmetrics shows named locks: not --path (use --json)")
         return cmd_status_path(ns)
     if ns.fleet_url:
         return cmd_status_fleet(ns)
@@ -368,6 +388,8 @@ def cmd_status(ns: argparse.Namespace) -> int:
         statuses = [status(name, directory=directory)]
     else:
         statuses = sorted(list_locks(directory=directory), key=lambda s: s.name)
+    if ns.format == "openmetrics":
+        return _openmetrics(statuses)
     if ns.json:
         _print_json({"schema": STATUS_SCHEMA, "directory": directory, "locks": [lock_json(s) for s in statuses]})
         return 0
@@ -394,6 +416,8 @@ def cmd_status_fleet(ns: argparse.Namespace) -> int:
         statuses = [status(name, fleet=ns.fleet_url)]
     else:
         statuses = sorted(list_locks(fleet=ns.fleet_url), key=lambda s: s.name)
+    if ns.format == "openmetrics":
+        return _openmetrics(statuses)
     if ns.json:
         _print_json({"schema": STATUS_SCHEMA, **_where_json(ns), "locks": [lock_json(s) for s in statuses]})
         return 0
@@ -573,6 +597,7 @@ def cmd_break(ns: argparse.Namespace) -> int:
     if missing:
         return missing
     removed = break_lock(ns.name, directory=directory, force=ns.force)  # waits for ended holders to exit
+    _journal_broken(ns.name, directory, removed)
     st = status(ns.name, directory=directory)
     remaining = st.holders  # stale ones too: until they are gone the lock is not free
     left = {h.pid for h in remaining}
@@ -619,12 +644,35 @@ def cmd_break(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _journal_broken(name: str, where: str, removed: list[Holder]) -> None:
+    """A `broken` event in the journal for each holder break removed or ended (cli/journal.py), when this host
+    has a journal: break is rare and never on a lock's path, so it records without being asked."""
+    if not removed:
+        return
+    from .journal import JournalUnavailable, check, send
+
+    try:
+        check()
+    except JournalUnavailable:
+        return  # no journal here: nothing to record in
+    for h in removed:
+        try:
+            send("broken", name, "lock %s broken: %s" % (name, h.describe(fleet=h.fence is not None)), directory=where,
+                 holder_pid=h.pid, holder_job_pid=h.job_pid, result="dead" if h.alive is False else "ended")
+        except JournalUnavailable as exc:
+            c.say(str(exc))
+            return
+
+
 def cmd_break_fleet(ns: argparse.Namespace) -> int:
     """break --fleet: nothing in etcd is ever stale (a dead holder's key ends with its lease), so only
     --force acts: it revokes the holders' leases, which frees the lock at once; each holder's hostlock
     learns it from its keep-alive and stops its job (exit 79). Then says who holds the lock now: a
     waiter may already have taken it (exit 75, as for any remaining holder)."""
     removed = break_lock(ns.name, fleet=ns.fleet_url, force=ns.force)
+    from ..fleet.url import mask
+
+    _journal_broken(ns.name, mask(ns.fleet_url), removed)
     st = status(ns.name, fleet=ns.fleet_url)
     remaining = st.holders
 

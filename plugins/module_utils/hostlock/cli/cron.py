@@ -13,8 +13,12 @@ import time
 from ..core.names import name_chars
 from . import common as c
 from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
-from .run import signalled_while_waiting
+from .run import signalled_while_waiting, take, with_log
 from .supervise import Signalled, block_job_signals, supervise, trap_wait_signals, untrap, waker
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from .runlog import RunLog
 
 
 def _fnv1a32(data: bytes) -> int:
@@ -115,6 +119,10 @@ def main_cron(args: list[str]) -> int:
         return 0
     if o.name is None:
         o.name = default_cron_name(o)
+    return with_log(o, "cron", lambda log: _cron(o, log))
+
+
+def _cron(o: Options, log: RunLog | None) -> int:
     from .. import LockTimeout
 
     cmdline = c.join_command(o.command)
@@ -126,7 +134,8 @@ def main_cron(args: list[str]) -> int:
             lock = make_lock(o, waker() if o.fleet is not None else None)  # see cli.run
             if o.verbose:
                 c.say("cron job lock %s in %s" % (o.name, where(lock)))
-            lock.acquire(timeout=o.wait)
+            t0 = time.monotonic()
+            take(o, lock, log)
             if trapped is not None:
                 mask = block_job_signals()  # see cli.run
         finally:
@@ -134,11 +143,13 @@ def main_cron(args: list[str]) -> int:
     except Signalled as sig:
         return signalled_while_waiting(lock, sig.signum)
     except LockTimeout as exc:
-        text = c.conflict_text(o.name, exc, o.wait)
+        text = c.conflict_text(o.name or "", exc, o.wait)
         if o.on_conflict != "quiet" or o.verbose:
             c.say("%s; not running %s" % (text, cmdline))
         if o.syslog:
             _syslog(o, False, "cron %s: skipped, %s" % (o.name, text))
+        if log is not None:
+            log.busy(lock, time.monotonic() - t0, text)
         if o.conflict_code is not None:
             return o.conflict_code
         return c.CONFLICT_DEFAULT if o.on_conflict == "fail" else 0
@@ -151,7 +162,11 @@ def main_cron(args: list[str]) -> int:
         c.say("cannot lock %s: %s" % (o.name, c.describe_error(exc)))
         if o.syslog:
             _syslog(o, True, "cron %s: cannot lock: %s" % (o.name, c.describe_error(exc)))
+        if log is not None:
+            log.failed(lock, c.describe_error(exc))
         return code
+    if log is not None:
+        log.acquired(lock, time.monotonic() - t0)
     capture = -1
     lost = None  # the line saying the fleet lock was lost, if it was
     try:
@@ -171,6 +186,8 @@ def main_cron(args: list[str]) -> int:
             c.say("cannot start %s: %s" % (cmdline, c.describe_error(exc)))
             if o.syslog:
                 _syslog(o, True, "cron %s: cannot start: %s" % (o.name, c.describe_error(exc)))
+            if log is not None:
+                log.failed(lock, c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
         if o.fleet is not None and (outcome.aborted or lock.lost):
             lost = lost_text(o, lock, outcome.describe())
@@ -180,6 +197,8 @@ def main_cron(args: list[str]) -> int:
         except Exception:
             pass
     code = c.EX_LOST if lost else outcome.exit_code()  # a lost lock fails the run, whatever the job's status
+    if log is not None:
+        log.ended(lock, outcome, code, lost)
     failed = code != 0
     summary = "cron %s: %s: %s" % (o.name, lost or outcome.describe(), cmdline)
     if failed:

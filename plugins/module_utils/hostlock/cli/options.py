@@ -61,6 +61,14 @@ job options:
   --kill-after DURATION    SIGKILL this long after the SIGTERM of --time-limit or of a lost fleet lock
                            (default 10s)
   --process-group MODE     auto (default: own group unless in a terminal's foreground), new, same
+  --replace                if the lock is busy, end the running copy (your own job, proven to hold it:
+                           SIGTERM, SIGKILL after --kill-after) and run; exclusive host locks only
+what the run tells (docs/howto-metrics.md, docs/howto-history.md):
+  --metrics-dir DIR        keep the job's figures in DIR/hostlock-job-JOB.prom for node_exporter's
+                           textfile collector (default: $HOSTLOCK_METRICS_DIR; '' = none)
+  --history                record the lock's events in the system journal ('hostlock history');
+                           also $HOSTLOCK_HISTORY=journal. Without a journal: exit 69, nothing run
+  --job NAME               the job's name in metrics and history (default: the lock's name)
 other:
   -q, --quiet              no message when the lock is busy (like flock -n)
   -v, --verbose            say what happens, on stderr
@@ -68,8 +76,9 @@ other:
 
 exit status: the job's own status; 128+N if it died of signal N; 124 after --time-limit; the conflict code
 (-E, default 75) if the lock was busy; 64 usage; 65 lock error; 66 cannot open the lock file or
-directory; 69 cannot execute the command; 71 OS error; 73 read-only or full file system; 76 the fleet
-(etcd) unavailable within the wait; 79 the fleet lock was lost while the job ran.
+directory, or the metrics directory refused; 69 cannot execute the command, or --history without a
+journal; 71 OS error; 73 read-only or full file system; 76 the fleet (etcd) unavailable within the wait;
+79 the fleet lock was lost while the job ran.
 """
 
 CRON_HELP = """\
@@ -91,6 +100,11 @@ signal, timeout) they are printed followed by one line with the status, so cron 
   --kill-after DURATION
   --syslog                 write one line per run to syslog (/dev/log): started job's result or skip
   --syslog-socket PATH     syslog socket to use (implies --syslog)
+  --replace                if the lock is busy, end the running copy (your own job, proven to hold it:
+                           SIGTERM, SIGKILL after --kill-after) and run instead of skipping
+  --metrics-dir DIR, --history, --job NAME:
+                           the job's figures for node_exporter, the lock's events in the journal (as for
+                           run; --job defaults to the lock's name)
   -x, -s, --slots N, -d DIR, --mechanism M, --label TEXT, --process-group MODE, -c CMD, --path FILE,
   --fleet URL, --ttl DURATION, --fleet-password-file FILE:
                            as for run (a lost fleet lock is a failure: output, one line, exit 79)
@@ -108,7 +122,7 @@ class Options:
     __slots__ = ("name", "mode", "slots", "wait", "conflict_code", "directory", "mechanism", "label",
                  "command", "shell", "timeout", "kill_after", "pgroup", "quiet", "verbose", "help",
                  "on_conflict", "syslog", "syslog_socket", "_wait_opt", "path", "fleet", "fleet_given", "ttl",
-                 "password_file", "kill_after_given")
+                 "password_file", "kill_after_given", "metrics_dir", "job", "history", "replace")
 
     def __init__(self) -> None:
         self.name: str | None = None
@@ -137,6 +151,10 @@ class Options:
         self.ttl: float | None = None  # --ttl: the fleet lock's lease; None: the engine's default
         self.password_file: str | None = None  # --fleet-password-file FILE
         self.kill_after_given = False  # a fleet lock's default --kill-after comes from its TTL
+        self.metrics_dir: str | None = None  # --metrics-dir DIR, else $HOSTLOCK_METRICS_DIR (cli/metrics.py)
+        self.job: str | None = None  # --job NAME: the job in metrics and history (default: the lock's name)
+        self.history = False  # --history, or $HOSTLOCK_HISTORY=journal: the lock's events to the journal
+        self.replace = False  # --replace: end the running copy (proven, ours) instead of skipping (cli/replace.py)
 
 
 _RUN_SPEC = {
@@ -161,6 +179,10 @@ _RUN_SPEC = {
     "-q": ("quiet", False), "--quiet": ("quiet", False),
     "-v": ("verbose", False), "--verbose": ("verbose", False),
     "-h": ("help", False), "--help": ("help", False),
+    "--metrics-dir": ("metrics_dir", True),
+    "--job": ("job", True),
+    "--history": ("history", False),
+    "--replace": ("replace", False),
 }
 _CRON_SPEC = dict(_RUN_SPEC)
 _CRON_SPEC.update({
@@ -257,6 +279,19 @@ def parse(args: list[str], cron: bool) -> Options:
         elif key == "syslog_socket":
             o.syslog = True
             o.syslog_socket = value or ""
+        elif key == "metrics_dir":
+            o.metrics_dir = value or ""
+        elif key == "job":
+            from ..core.names import validate_name
+
+            try:
+                o.job = validate_name(value)
+            except ValueError as exc:
+                raise c.UsageError("%s: %s" % (opt, str(exc).replace("lock name", "job name")), command) from None
+        elif key == "history":
+            o.history = True
+        elif key == "replace":
+            o.replace = True
 
     spec = _CRON_SPEC if cron else _RUN_SPEC
     i, dashdash = c.getopt(args, 0, spec, handle, command)
@@ -297,6 +332,7 @@ def parse(args: list[str], cron: bool) -> Options:
             raise c.UsageError("give --name or --path, not both", command)
         o.name = o.path
     check_fleet(o, command)
+    _check_observed(o, command)
     if cron and o.wait is None:
         o.wait = 0.0  # a cron run that finds the previous one still going is skipped, not queued
     return o
@@ -332,6 +368,32 @@ def check_fleet(o: Options, command: str) -> None:
         raise c.UsageError("--kill-after %s cannot be honoured with a fleet lock of --ttl %s: the job gets SIGTERM "
                            "that long before its lease can end, at most half the TTL (raise --ttl)"
                            % (c.format_span(o.kill_after), c.format_span(ttl)), command)
+
+
+def _check_observed(o: Options, command: str) -> None:
+    """--metrics-dir, --history and --replace settled from the options and the environment (cli/runlog.py)."""
+    if o.metrics_dir is None:
+        o.metrics_dir = os.getenv("HOSTLOCK_METRICS_DIR") or None
+    elif not o.metrics_dir:
+        o.metrics_dir = None  # --metrics-dir '': none, even with $HOSTLOCK_METRICS_DIR set
+    if not o.history:
+        history = os.getenv("HOSTLOCK_HISTORY")
+        if history:
+            if history != "journal":
+                raise c.UsageError("$HOSTLOCK_HISTORY=%s: the one history hostlock keeps is 'journal' (or leave it "
+                                   "empty)" % c.quote(history), command)
+            o.history = True
+    if o.replace:
+        why = None  # where there is no single running copy this host's kernel can prove (cli/replace.py)
+        if o.fleet is not None:
+            why = "not a fleet lock's: its holder may run on another host"
+        elif o.path is not None:
+            why = "not --path: only a named lock's owner record names the running job"
+        elif o.mode == "shared" or o.slots > 1:
+            why = "not a shared lock or a semaphore, which have several"
+        if why:
+            raise c.UsageError("--replace ends the running copy of an exclusive host lock, proven by this host's "
+                               "kernel: %s" % why, command)
 
 
 def make_lock(o: Options, on_lost: Callable[[], None] | None = None) -> RunLock:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Callable
 
     from .options import RunLock
+    from .runlog import RunLog
 
 
 def _mode_text(o: Options) -> str:
@@ -46,7 +47,7 @@ def main_run(args: list[str]) -> int:
         return 0
     early: list[Started] = []  # the job's process, when forked before the lock is held (a fleet lock)
     try:
-        return _run(o, early)
+        return with_log(o, "run", lambda log: _run(o, early, log))
     finally:
         for job in early:
             job.cancel()  # the lock was not taken (or the job could not start): it never runs
@@ -56,7 +57,24 @@ def main_run(args: list[str]) -> int:
             drop()  # a grant sent early that no lock took (an error came first): revoked
 
 
-def _run(o: Options, early: list[Started]) -> int:
+def with_log(o: Options, command: str, body: Callable[[RunLog | None], int]) -> int:
+    """body(log): the run with its RunLog when it keeps metrics or history (cli/runlog.py, loaded only then), else
+    None; a RunLog that cannot be opened (an untrusted metrics directory, no journal) ends the run first."""
+    log = None
+    if o.metrics_dir is not None or o.history:
+        from .runlog import begin
+
+        log, code = begin(o, command)
+        if log is None:
+            return code
+    try:
+        return body(log)
+    finally:
+        if log is not None:
+            log.close()
+
+
+def _run(o: Options, early: list[Started], log: RunLog | None) -> int:
     fleet = o.fleet is not None
     if fleet and o.fleet:
         # The lease's grant first: etcd commits it while the lock's modules load (the policy, the fleet engine,
@@ -83,7 +101,7 @@ def _run(o: Options, early: list[Started]) -> int:
                 lock.update_record(job_cmdline=c.join_command(o.command))
                 lock.acquire(timeout=o.wait, meanwhile=_early_start(o, lock, early))
             else:
-                lock.acquire(timeout=o.wait)
+                take(o, lock, log)
             if trapped is not None:
                 mask = block_job_signals()  # held before the wait's handlers go: see block_job_signals
         finally:
@@ -93,12 +111,18 @@ def _run(o: Options, early: list[Started]) -> int:
     except LockTimeout as exc:
         if not o.quiet:
             c.say(c.conflict_text(o.name or "", exc, o.wait))
+        if log is not None:
+            log.busy(lock, time.monotonic() - t0, c.conflict_text(o.name or "", exc, o.wait))
         return c.CONFLICT_DEFAULT if o.conflict_code is None else o.conflict_code
     except KeyboardInterrupt:
         return signalled_while_waiting(lock, _signal.SIGINT)
     except Exception as exc:
+        if log is not None:
+            log.failed(lock, c.describe_error(exc))
         return _lock_failed(o, exc)
-    lost = False
+    if log is not None:
+        log.acquired(lock, time.monotonic() - t0)
+    lost = None  # the line saying the fleet lock was lost, if it was
     try:
         if o.verbose:
             c.say("got %s lock %s (%s%s) after %s" % (
@@ -115,10 +139,12 @@ def _run(o: Options, early: list[Started]) -> int:
                 outcome = supervise(job_of(o, lock), recorder(lock, o), mask=mask)
         except OSError as exc:
             c.say("cannot start the job: %s" % c.describe_error(exc))
+            if log is not None:
+                log.failed(lock, c.describe_error(exc))
             return c.errno_exit_code(exc.errno, c.EX_OSERR)
-        lost = fleet and (outcome.aborted or lock.lost)
-        if lost:
-            c.say(lost_text(o, lock, outcome.describe()))
+        if fleet and (outcome.aborted or lock.lost):
+            lost = lost_text(o, lock, outcome.describe())
+            c.say(lost)
         elif o.verbose:
             c.say("job %s" % outcome.describe())
     finally:
@@ -127,10 +153,30 @@ def _run(o: Options, early: list[Started]) -> int:
         except Exception as exc:  # the lock dies with this process anyway; say it, do not mask the job's status
             if o.verbose:
                 c.say("release: %s" % c.describe_error(exc))
+    if log is not None:
+        log.ended(lock, outcome, c.EX_LOST if lost else outcome.exit_code(), lost)
     if lost:
         return c.EX_LOST  # whatever the job's status: its work may have overlapped another holder's
     die_like(outcome)
     return outcome.exit_code()
+
+
+def take(o: Options, lock: RunLock, log: RunLog | None = None) -> None:
+    """Acquire `lock` as the options say (run's and cron's host locks). With --replace the running copy gets --wait
+    (default: no time) to end on its own, then is ended (cli/replace.py, loaded only then). Raises LockTimeout
+    when the lock stays busy."""
+    from ..core.errors import LockTimeout
+
+    try:
+        lock.acquire(timeout=0.0 if o.replace and o.wait is None else o.wait)
+    except LockTimeout as busy:
+        if not o.replace:
+            raise
+        from .replace import replace
+
+        ended = replace(o, lock, busy)
+        if log is not None:
+            log.replacing(lock, ended)
 
 
 def _early_start(o: Options, lock: RunLock, early: list[Started]) -> Callable[[], None]:

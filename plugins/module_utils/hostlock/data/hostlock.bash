@@ -23,7 +23,7 @@ _hostlock() {
         words=("${COMP_WORDS[@]}")
         cword=$COMP_CWORD
     fi
-    local commands="run flock cron status list hold renew release break gc"
+    local commands="run flock cron status list history hold renew release break gc"
     if ((cword == 1)); then
         mapfile -t COMPREPLY < <(compgen -W "$commands --help --version" -- "$cur")
         return
@@ -32,14 +32,16 @@ _hostlock() {
     case ${words[1]} in
         run) opts="--path -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E --conflict-exit-code
                    -d --dir --mechanism --label -c --command --time-limit --kill-after --process-group -q --quiet
-                   --fleet --ttl --fleet-password-file -v --verbose -h --help" ;;
+                   --fleet --ttl --fleet-password-file --replace --metrics-dir --history --job -v --verbose -h --help" ;;
         flock) opts="-s --shared -x -e --exclusive -u --unlock -n --nb --nonblocking -w --wait --timeout
                      -E --conflict-exit-code -o --close -c --command -F --no-fork --fcntl --start --length
                      --verbose -h --help -V --version --process-group" ;;
         cron) opts="--name --path --on-conflict -E --conflict-exit-code -w --wait -n --nb --nonblock --time-limit
                     --kill-after --syslog --syslog-socket -x -s --slots -d --dir --mechanism --label
-                    --process-group -c --command --fleet --ttl --fleet-password-file -v --verbose -h --help" ;;
-        status) opts="--path --json --wide -d --dir --fleet -h --help" ;;
+                    --process-group -c --command --fleet --ttl --fleet-password-file --replace --metrics-dir --history
+                    --job -v --verbose -h --help" ;;
+        status) opts="--path --json --format --wide -d --dir --fleet -h --help" ;;
+        history) opts="--json --since -n --lines --user -h --help" ;;
         list) opts="--json --wide -d --dir --fleet -h --help" ;;
         hold) opts="--lease -x -e --exclusive -s --shared --slots -n --nb --nonblock -w --wait -E
                     --conflict-exit-code --mechanism --label -d --dir --fleet --json -h --help" ;;
@@ -50,7 +52,7 @@ _hostlock() {
         *) return ;;
     esac
     case $prev in
-        -d | --dir | --path)
+        -d | --dir | --path | --metrics-dir)
             mapfile -t COMPREPLY < <(compgen -f -- "$cur")
             return ;;
         --mechanism)
@@ -59,6 +61,9 @@ _hostlock() {
         --process-group)
             mapfile -t COMPREPLY < <(compgen -W "auto new same" -- "$cur")
             return ;;
+        --format)
+            mapfile -t COMPREPLY < <(compgen -W "text json openmetrics" -- "$cur")
+            return ;;
         --on-conflict)
             mapfile -t COMPREPLY < <(compgen -W "quiet report fail" -- "$cur")
             return ;;
@@ -66,7 +71,8 @@ _hostlock() {
             [[ -n ${HOSTLOCK_FLEET:-} ]] && mapfile -t COMPREPLY < <(compgen -W "$HOSTLOCK_FLEET" -- "$cur")
             return ;;
         -w | --wait | --timeout | --time-limit | --kill-after | --lease | --older-than | -E | --conflict-exit-code | --slots \
-            | --label | -c | --command | --start | --length | --name | --syslog-socket | --ttl)
+            | --label | -c | --command | --start | --length | --name | --syslog-socket | --ttl | --job | --since | --lines \
+            | --user)
             return ;;
     esac
     if [[ $cur == -* ]]; then
@@ -77,7 +83,7 @@ _hostlock() {
         flock)
             # FILE|DIR or FD first, then the command
             mapfile -t COMPREPLY < <(compgen -f -- "$cur"; compgen -c -- "$cur") ;;
-        run | status | hold | renew | release | break)
+        run | status | history | hold | renew | release | break)
             mapfile -t COMPREPLY < <(_hostlock_names | grep -- "^$cur" ; [[ ${words[1]} == run ]] && compgen -c -- "$cur") ;;
         cron)
             mapfile -t COMPREPLY < <(compgen -c -- "$cur") ;;
