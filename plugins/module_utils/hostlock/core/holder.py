@@ -381,7 +381,6 @@ def end_holders(holders: list, wait: float) -> list:
                 continue
             try:
                 _send(h.pid, fd, signal.SIGTERM)
-                _send(h.pid, fd, signal.SIGCONT)
             except ProcessLookupError:
                 if fd is not None:
                     os.close(fd)
@@ -390,6 +389,10 @@ def end_holders(holders: list, wait: float) -> list:
                 if fd is not None:
                     os.close(fd)
                 raise
+            try:
+                _send(h.pid, fd, signal.SIGCONT)
+            except ProcessLookupError:
+                pass  # the SIGTERM already ended it: signalled all the same (it was reported "nothing to remove")
             signalled.append(h)
             fds.append(fd)
         _wait_exits(signalled, fds, time.monotonic() + max(0.0, wait))
