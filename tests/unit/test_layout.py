@@ -24,11 +24,12 @@ ALLOWED = {
     "core": {"core"},
     "host": {"core", "host"},
     "fleet": {"core", "fleet"},
+    "proc": {"core", "proc"},
     "queries": {"core", "host"},
     "api": {"core", "host", "queries"},
-    "lease": {"api", "queries", "core", "host"},
+    "lease": {"api", "queries", "core", "host", "proc"},
     "__init__": {"api", "queries", "lease", "core", "host"},
-    "cli": {"__init__", "api", "queries", "lease", "core", "host", "fleet", "cli"},
+    "cli": {"__init__", "api", "queries", "lease", "core", "host", "fleet", "proc", "cli"},
     "__main__": {"cli"},
 }
 

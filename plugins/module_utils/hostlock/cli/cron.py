@@ -11,10 +11,11 @@ import os
 import time
 
 from ..core.names import name_chars
+from ..proc.forward import block, waker
 from . import common as c
 from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
 from .run import signalled_while_waiting
-from .supervise import Signalled, block_job_signals, supervise, trap_wait_signals, untrap, waker
+from .supervise import Signalled, supervise, trap_wait_signals, untrap
 
 
 def _fnv1a32(data: bytes) -> int:
@@ -128,7 +129,7 @@ def main_cron(args: list[str]) -> int:
                 c.say("cron job lock %s in %s" % (o.name, where(lock)))
             lock.acquire(timeout=o.wait)
             if trapped is not None:
-                mask = block_job_signals()  # see cli.run
+                mask = block()  # see cli.run
         finally:
             untrap(trapped)
     except Signalled as sig:
