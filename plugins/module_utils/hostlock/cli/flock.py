@@ -7,7 +7,7 @@ lock), flock(2) or OFD fcntl locks on that descriptor, the descriptor inherited 
 the same exit codes and the same streams (--verbose chatter on stdout, errors on stderr).
 
 What hostlock adds is what no correct script can observe (docs/cli.md, "hostlock flock"):
-- it stays the parent and forwards every signal that would end it (TERM, INT, HUP, USR1...) to the command
+- it stays the parent and forwards every signal that would end it (core.signals.FORWARDED) to the command
   (flock(1) dies and leaves the command running with the lock);
 - the command dies with hostlock (PR_SET_PDEATHSIG), even when hostlock is SIGKILLed;
 - a FIFO at the lock path is refused instead of blocking forever in open();
