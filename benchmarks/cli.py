@@ -158,7 +158,7 @@ def main() -> int:
     if fleet_ms is not None:
         out += ["", f"`hostlock run --fleet URL NAME true` on a local etcd is {fleet_ms / run_ms:.2f}x the host lock "
                 f"({fleet_ms - run_ms:.1f} ms more: the etcd client's modules and shared libraries (`_socket`, "
-                "`binascii`, `_json`, `select`), its round trips (the lease grant with the queue transaction behind "
+                "`binascii`), its round trips (the lease grant with the queue transaction behind "
                 "it, the revoke: committed writes) and the watcher's fork before the lock is held. Its target, "
                 "against `etcdctl lock NAME true`, is in the Fleet section (`make bench-fleet`)."]
     print("\n".join(out))
