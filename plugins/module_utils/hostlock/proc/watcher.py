@@ -20,7 +20,6 @@ import _signal
 
 from ..core import oslite as os
 from ..core import procstat
-from .daemon import close_all_but
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +129,8 @@ def _watch(chan: object, keep: list[int]) -> None:
                     deadline, grace, deferred = float(words[1]), float(words[2]), False
         # Acting now, for as long as the job takes to die: hold nothing but the channel and the lock (not another
         # lock of this process, nor a descriptor our caller passed to hostlock).
+        from .daemon import close_all_but  # only now: a run whose hostlock lives never loads it
+
         close_all_but([*keep, chan_fd])
         if first:
             from .jobkill import kill_job
