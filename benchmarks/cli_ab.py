@@ -85,8 +85,8 @@ def main() -> int:
                 "`hostlock cron --name NAME -- true`": [launcher, "cron", "--name", "ab-cron-%d" % n, "--", "true"],
             }
             if etcd is not None:
-                cmds["`hostlock run --fleet URL NAME true`"] = [launcher, "run", "--fleet", etcd.url, "ab-f%d" % n,
-                                                                 "true"]
+                fleet_run = [launcher, "run", "--fleet", etcd.url, "ab-f%d" % n, "true"]
+                cmds["`hostlock run --fleet URL NAME true`"] = fleet_run
             for k, argv in cmds.items():
                 rows.setdefault(k, {})[label] = argv
         anchors = {"`python3 -I -S -c pass` (bare interpreter)": [args.python, "-I", "-S", "-c", "pass"]}

@@ -340,4 +340,3 @@ def fork_job(job: Job, mask: set[int], prctl: Callable[..., int] | None) -> Star
 def gate_message(env: Mapping[str, str] | None) -> bytes:
     """What opens the gate: NAME=VALUE entries the job gets in its environment (each ended by NUL), then "g"."""
     return b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in (env or {}).items()) + b"g"
-

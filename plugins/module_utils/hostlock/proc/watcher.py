@@ -187,4 +187,3 @@ def _running(pid: int) -> bool:
     """Whether `pid` is there and not stopped or traced (state T or t in /proc/PID/stat)."""
     fields = procstat.fields(pid)
     return fields is not None and fields[procstat.STATE] not in (b"T", b"t", b"Z", b"X")
-
