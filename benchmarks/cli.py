@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIB = ROOT / "plugins" / "module_utils"  # the directory holding the hostlock package
 sys.path.insert(0, str(ROOT / "tests"))
+import cli_ab  # noqa: E402 - beside this file: one fork+exec+wait, timed
 import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 import fleet_etcd  # noqa: E402 - the test fixture starts and stops the etcd member; path set up just above
 
@@ -59,19 +60,8 @@ def pip_installed(directory: Path, python: str) -> Path:
 
 
 def once(argv: list[str], env: dict[str, str]) -> float:
-    """Wall time of one fork+exec+wait, in seconds; fails loudly if the command fails."""
-    t0 = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.execve(argv[0], argv, env)
-        finally:
-            os._exit(127)
-    status = os.waitpid(pid, 0)[1]
-    took = time.perf_counter() - t0
-    if status != 0:
-        raise SystemExit(f"benchmark command failed ({status:#x}): {' '.join(argv)}")
-    return took
+    """Wall time of one fork+exec+wait, in seconds; fails loudly if the command fails (cli_ab.once)."""
+    return cli_ab.once(argv, env)[0]
 
 
 NOTES = """\
@@ -168,7 +158,7 @@ def main() -> int:
     if fleet_ms is not None:
         out += ["", f"`hostlock run --fleet URL NAME true` on a local etcd is {fleet_ms / run_ms:.2f}x the host lock "
                 f"({fleet_ms - run_ms:.1f} ms more: the etcd client's modules and shared libraries (`_socket`, "
-                "`binascii`, `_json`, `select`), its round trips (the lease grant with the queue transaction behind "
+                "`binascii`), its round trips (the lease grant with the queue transaction behind "
                 "it, the revoke: committed writes) and the watcher's fork before the lock is held. Its target, "
                 "against `etcdctl lock NAME true`, is in the Fleet section (`make bench-fleet`)."]
     print("\n".join(out))

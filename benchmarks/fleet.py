@@ -550,7 +550,7 @@ NOTES = [
     "engine, the policy and the command line: no host mechanism, no lease, status, watch, waiting or "
     "keep-alive thread code, "
     "`threading`, `http.client`, `email`, `json` or `_json`, `re`, `base64`, `socket`, `enum`, `importlib`, "
-    "`math` or `ssl` for etcd://, nor `os`, `__future__` or a shared-library `binascii`; "
+    "`math` or `ssl` for etcd://, nor `os` or `__future__`; "
     "tests/integration/cli/test_cli_fleet.py checks it with `-X importtime`), the three requests of "
     "`etcdctl lock` (the lease grant, sent as soon as the options are read and answered while the lock's "
     "modules load, the queue transaction written once they have loaded, then the revoke), the job's prctl "

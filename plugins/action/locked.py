@@ -164,7 +164,7 @@ class ActionModule(ActionBase):
                 "hostlock.core.locked: path (a kernel lock on a file of the host) and fleet (a lock in etcd) "
                 "exclude each other; fleet: '' takes a host lock when HOSTLOCK_FLEET is set"
             )
-        fqcn, module_args = self._resolve(name, parse_args(raw, name), controller_side=True)
+        fqcn, module_args = self._resolve(name, parse_args(raw, name))
         if fleet:
             result.update(self._run_fleet(fleet, args, fqcn, module_args, task_vars))
             return result
@@ -223,11 +223,11 @@ class ActionModule(ActionBase):
                                     f"({{ansible.builtin.copy: {{src: a, dest: b}}}}) or {{module: NAME, args: ...}}, "
                                     f"not {kind}")
 
-    def _resolve(self, name: str, module_args: dict, controller_side: bool = False) -> tuple[str, dict]:
+    def _resolve(self, name: str, module_args: dict) -> tuple[str, dict]:
         """The module the task executor would run for `name`, with the play's module_defaults applied.
 
-        With `controller_side` (a fleet lock, held here), a module with its own action plugin is run by that
-        plugin (`self._handler`), as the task would be on its own.
+        A module with its own action plugin is run by that plugin (`self._handler`), as the task would be on its
+        own: under a fleet lock held here, or under a lease on the host (_run_leased).
         """
         self._handler = "ansible.legacy.normal"
         collections = self._task.collections
@@ -248,7 +248,7 @@ class ActionModule(ActionBase):
         if fqcn in THIN_ACTIONS:
             module, extra = THIN_ACTIONS[fqcn]
             return module, {**module_args, **extra}
-        if has_action and controller_side:
+        if has_action:
             self._handler = fqcn
         return fqcn, module_args
 

@@ -233,9 +233,9 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors
     describe_error,
     error_exit_code,
 )
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.forks import die_with_this_process
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.names import MAX_NAME_LENGTH, name_chars
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.proc.deathsig import die_with_this_process
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
 
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).

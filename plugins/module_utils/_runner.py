@@ -7,7 +7,7 @@ This is the host side of hostlock.core.locked, written to be reused by any hostl
 run one module under a lock (the serialize callback may wrap its per-host work with it too):
 
     from ansible_collections.hostlock.core.plugins.module_utils._runner import run_locked
-    result = run_locked(lock, payload, timeout=..., own_marker=...)
+    result = run_locked(lock, payload, timeout=..., marker=...)
 
 `payload` is the wrapped module exactly as the controller builds it for pipelining (ActionBase
 `_configure_module(...).b_module_data`, arguments and `_ansible_*` settings embedded), so the
@@ -15,10 +15,10 @@ child runs it the way Ansible itself would: `<interpreter>` reading the script o
 the module's JSON. The caller's process (the `locked` module on the host) is the lock holder:
 
 - the lock is taken before the child starts and released only after the child has exited, whatever
-  happened: a failed module, SIGTERM, SIGINT, SIGHUP or any other signal that would end the runner (forwarded
-  to the child, then waited for);
-- the child gets PR_SET_PDEATHSIG=SIGKILL (Linux): a SIGKILLed runner takes its child with it, so work
-  never goes on without the lock;
+  happened: a failed module, or any signal of hostlock.core.signals.FORWARDED (every one that would end the
+  runner), forwarded to the child by the engine's proc.forward as `hostlock run` forwards them, then waited for;
+- the child gets PR_SET_PDEATHSIG=SIGKILL (Linux, proc.deathsig): a SIGKILLed runner takes its child with it,
+  so work never goes on without the lock;
 - both leave the session and process group they were started in (`detach`): a controller that dies
   (Ctrl-C, SIGTERM, SIGKILL), ansible-core's workers signalling their process groups, and a dropped SSH
   connection (the hangup of the `ssh -tt` terminal Ansible uses without pipelining) reach neither, so the
@@ -35,28 +35,18 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import typing as t
-from typing import Any
 
 from .hostlock import Lock, LockTimeout
 from .hostlock import lease as _lease
 from .hostlock.core.signals import FORWARDED
 from .hostlock.core.signals import name as signal_name
 from .hostlock.host.pathlock import PathLock
+from .hostlock.proc import forward
+from .hostlock.proc.deathsig import become_subreaper, die_with_parent, prctl_function
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
-_LIBC: Any = None
-try:  # Linux: let the kernel kill the wrapped module when the runner dies (SIGKILL cannot be caught)
-    import ctypes
-
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-except (ImportError, OSError):  # no ctypes or no libc symbol table: signals are still forwarded
-    pass
-
-# A runner forwards FORWARDED (every signal that would end it, hostlock.core.signals, as `hostlock run` does) to its
-# child instead of dying: the lock must outlive the work.
 # How often a wait re-checks whether the lock is held by the caller's own run (see `own_holders`) and
 # whether the controller is still there to receive the result (see `controller_gone`).
 SELF_CHECK_EVERY = 1.0
@@ -72,14 +62,6 @@ class SelfWait(Exception):
     def __init__(self, holders: list) -> None:
         super().__init__("held by this run")
         self.holders = holders
-
-
-def _become_subreaper() -> bool:
-    """Adopt our descendants when their parent dies (Linux 3.4+), so an interrupted module's children can
-    be waited for before the lock is released."""
-    if _LIBC is None:
-        return False
-    return _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
 
 
 _DETACHED: list = []
@@ -123,14 +105,6 @@ def _reap_all() -> None:
             return
         except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
             continue
-
-
-def _die_with_parent(parent: int) -> None:  # pragma: no cover - runs in the forked child
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    # the parent may have died between fork and prctl: then nobody holds the lock for us
-    if os.getppid() != parent:
-        os._exit(137)
 
 
 def own_holders(holders: list, marker: str | None, uid: int | None = None) -> list:
@@ -242,7 +216,8 @@ def _share_packages() -> None:
             mod.__path__ = _SharedPackagePath(list(mod.__path__), name.split("."))
 
 
-def _child_main(payload: bytes, out_w: int, err_w: int, parent: int) -> None:  # pragma: no cover - in the child
+def _child_main(payload: bytes, out_w: int, err_w: int, parent: int, mask: set[int],
+                prctl: t.Callable[..., int] | None) -> None:  # pragma: no cover - in the child
     """Run the wrapped AnsiballZ payload in this forked child as its interpreter would; never returns."""
     code = 1
     # The runner's exit handlers (its own AnsibleModule's temporary directory) are not the child's: a
@@ -250,10 +225,9 @@ def _child_main(payload: bytes, out_w: int, err_w: int, parent: int) -> None:  #
     # pipelining, files a module registers) must run, as they would at its interpreter's exit.
     _clear_exit_handlers()
     try:
-        for signum in FORWARDED:
-            signal.signal(signum, signal.SIG_DFL)
+        _child_signals(mask)
         _new_session()
-        _die_with_parent(parent)
+        die_with_parent(prctl, parent, signal.SIGKILL, 137)  # the parent died already: nobody holds the lock
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_w, 1)
@@ -301,8 +275,16 @@ def _run_exit_handlers() -> None:  # pragma: no cover - in the child
             pass
 
 
-def _fork_payload(payload: bytes) -> subprocess.Popen:
-    """Start the payload in a forked child; returns a Popen-like handle (pid, communicate, returncode)."""
+def _child_signals(mask: set[int]) -> None:  # pragma: no cover - in the child
+    """The signal state the work starts with: forwarded signals at their default action, the mask from before the
+    runner blocked them (a signal forwarded before this point is pending, and acts now)."""
+    for signum in FORWARDED:
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _fork_payload(payload: bytes, mask: set[int], prctl: t.Callable[..., int] | None) -> tuple[int, int, int]:
+    """Start the payload in a forked child; returns its pid and the read ends of its stdout and stderr."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     parent = os.getpid()
@@ -312,55 +294,54 @@ def _fork_payload(payload: bytes) -> subprocess.Popen:
     if pid == 0:  # pragma: no cover - the child
         os.close(out_r)
         os.close(err_r)
-        _child_main(payload, out_w, err_w, parent)
+        _child_main(payload, out_w, err_w, parent, mask, prctl)
     os.close(out_w)
     os.close(err_w)
-    return _Forked(pid, out_r, err_r)  # type: ignore[return-value]
+    return pid, out_r, err_r
 
 
-class _Forked:
-    """The parts of Popen run_payload uses, for a forked child."""
+class _Pipes:
+    """The child's stdout and stderr read to their end, and its stdin written (the payload, for a fresh
+    interpreter), by threads: the main thread meanwhile waits for the child's end and forwards its signals
+    (created with those signals blocked, the threads never get one)."""
 
-    def __init__(self, pid: int, out_r: int, err_r: int) -> None:
-        self.pid, self._out, self._err = pid, out_r, err_r
-        self.returncode: int | None = None
-        self._chunks: dict = {out_r: [], err_r: []}
-        self._open = [out_r, err_r]
+    def __init__(self, out_r: int, err_r: int, stdin_w: int | None = None, data: bytes | None = None) -> None:
+        self.chunks: dict = {out_r: [], err_r: []}
+        self.threads = [threading.Thread(target=self._read, args=(fd,), daemon=True) for fd in (out_r, err_r)]
+        if stdin_w is not None:
+            self.threads.append(threading.Thread(target=self._write, args=(stdin_w, data or b""), daemon=True))
+        for thread in self.threads:
+            thread.start()
+        self.out, self.err = out_r, err_r
 
-    def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, signum)
-
-    def communicate(self, _input: object = None, timeout: float | None = None) -> tuple[bytes, bytes]:
-        """As Popen.communicate: TimeoutExpired after `timeout`, and a later call goes on where it stopped."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._open:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired("forked module", timeout or 0)
-            ready, _w, _x = select.select(self._open, [], [], left)
-            for fd in ready:
-                data = os.read(fd, 65536)
-                if data:
-                    self._chunks[fd].append(data)
-                else:
-                    self._open.remove(fd)
-                    os.close(fd)
-        _pid, status = os.waitpid(self.pid, 0)
-        self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        return b"".join(self._chunks[self._out]), b"".join(self._chunks[self._err])
-
-
-def _communicate(child: t.Any, payload: bytes | None, tick: tuple[float, t.Callable[[], object]] | None) -> tuple:
-    """child.communicate(payload), calling tick's function every tick's seconds while the child runs."""
-    if tick is None:
-        return child.communicate(payload)
-    every, call = tick
-    while True:
+    def _read(self, fd: int) -> None:
         try:
-            return child.communicate(payload, timeout=every)
-        except subprocess.TimeoutExpired:
-            call()
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    return
+                self.chunks[fd].append(data)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _write(fd: int, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:  # EPIPE: the interpreter ended without reading it all; its result says why
+            pass
+        finally:
+            os.close(fd)
+
+    def collected(self) -> tuple[bytes, bytes]:
+        """Everything the child wrote, once both pipes reached their end (as Popen.communicate)."""
+        for thread in self.threads:
+            thread.join()
+        return b"".join(self.chunks[self.out]), b"".join(self.chunks[self.err])
 
 
 # Fork the payload (reusing the runner's imports) where fork exists and the payload is a Python AnsiballZ
@@ -374,56 +355,52 @@ def run_payload(payload: bytes, interpreter: str | None = None,
 
     With `tick` (seconds, function), calls the function that often while the module runs (a lease's renewal).
 
-    Forwards SIGTERM/SIGINT/SIGHUP to the child and keeps waiting for it: the caller releases its lock
-    only after this returns, i.e. after the wrapped module is gone. When the module was interrupted (a
-    forwarded signal, or it died of one), also waits for the processes it started, which the runner
-    adopts as subreaper: a module killed mid-way leaves its commands running, and they are the work.
-    A module that ends normally may leave daemons behind on purpose; those are not waited for.
+    Forwards every signal that would end the runner (hostlock.core.signals.FORWARDED, through proc.forward) to
+    the child and keeps waiting for it: the caller releases its lock only after this returns, i.e. after the
+    wrapped module is gone. When the module was interrupted (a forwarded signal, or it died of one), also
+    waits for the processes it started, which the runner adopts as subreaper: a module killed mid-way leaves
+    its commands running, and they are the work. A module that ends normally may leave daemons behind on
+    purpose; those are not waited for.
     """
     interpreter = interpreter or sys.executable
     parent = os.getpid()
-    got: list = []
-    adopting = _become_subreaper()
-    child: t.Any
-    if FORK and b"_ansiballz_main" in payload:
-        # the engine closes the lock's descriptors in a forked child (never unlocking them): the lock
-        # stays ours alone, and the child dies with us (PR_SET_PDEATHSIG)
-        child = _fork_payload(payload)
-        payload = None  # type: ignore[assignment]
-    else:
-        child = subprocess.Popen(
-            [interpreter],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            preexec_fn=lambda: _die_with_parent(parent),  # noqa: PLW1509 - needed for PR_SET_PDEATHSIG
-            start_new_session=True,  # see _new_session
-            close_fds=True,  # the lock's descriptors stay with us: a module's daemons never keep the lock
-        )
-
-    def forward(signum: int, _frame: object) -> None:
-        got.append(signum)
-        try:
-            child.send_signal(signum)
-        except OSError:  # already gone
-            pass
-
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    prctl = prctl_function()
+    adopting = become_subreaper(prctl)
+    mask = forward.block()  # before the fork: a signal meant for the work never ends the runner
     try:
-        while True:
-            try:
-                out, err = _communicate(child, payload, tick)
-                break
-            except (InterruptedError, KeyboardInterrupt):  # pragma: no cover - handlers replace SIGINT
-                continue
-            except ValueError:  # communicate() again after a signal: stdin already closed
-                payload = None  # type: ignore[assignment]
-        if adopting and (got or (child.returncode or 0) < 0):
+        if FORK and b"_ansiballz_main" in payload:
+            # the engine closes the lock's descriptors in a forked child (never unlocking them): the lock
+            # stays ours alone, and the child dies with us (PR_SET_PDEATHSIG)
+            pid, out_r, err_r = _fork_payload(payload, mask, prctl)
+            pipes = _Pipes(out_r, err_r)
+            popen = None
+        else:
+            popen = subprocess.Popen(
+                [interpreter],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                preexec_fn=lambda: _fresh_child(parent, mask, prctl),  # noqa: PLW1509 - for PR_SET_PDEATHSIG
+                start_new_session=True,  # see _new_session
+                close_fds=True,  # the lock's descriptors stay with us: a module's daemons never keep the lock
+            )
+            pid = popen.pid
+            pipes = _Pipes(os.dup(popen.stdout.fileno()), os.dup(popen.stderr.fileno()),  # type: ignore[union-attr]
+                           os.dup(popen.stdin.fileno()), payload)  # type: ignore[union-attr]
+            for stream in (popen.stdin, popen.stdout, popen.stderr):
+                stream.close()  # type: ignore[union-attr]
+        child = forward.Child(pid, group=False, shares_group=False)
+        got = child.wait(tick)
+        status = child.status
+        returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        if popen is not None:
+            popen.returncode = returncode  # reaped here
+        out, err = pipes.collected()
+        if adopting and (got or returncode < 0):
             _reap_all()
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    result = parse_result(out, err, child.returncode)
+        forward.restore(mask)
+    result = parse_result(out, err, returncode)
     if got:
         names = ", ".join(signal_name(s) for s in got)
         result.setdefault("failed", True)
@@ -431,7 +408,13 @@ def run_payload(payload: bytes, interpreter: str | None = None,
             f"{result.get('msg') or ''} (the task was interrupted by {names}; the lock was held until "
             "the wrapped module ended)".strip()
         )
-    return result, child.pid
+    return result, pid
+
+
+def _fresh_child(parent: int, mask: set[int], prctl: t.Callable[..., int] | None) -> None:  # pragma: no cover
+    """In a fresh interpreter's child, before its exec: the signal state it starts with, dying with the runner."""
+    _child_signals(mask)
+    die_with_parent(prctl, parent, signal.SIGKILL, 137)
 
 
 def parse_result(out: bytes, err: bytes, rc: int | None) -> dict:

@@ -17,9 +17,9 @@ control node renews it every quarter lease for as long as the `ansible-playbook`
 - when renewals cannot reach the host (a dropped connection, the heartbeat itself killed), the lease
   runs out on its own at most one `lease` after the last renewal.
 
-The process is double-forked from the task's worker, in a session of its own (a signal to the run's
-process group does not reach it: it must outlive the run long enough to say so), with standard
-input, output and error on /dev/null (it never holds a caller's pipe open).
+The process is double-forked from the task's worker (the engine's proc.daemon), in a session of its own (a
+signal to the run's process group does not reach it: it must outlive the run long enough to say so), with
+standard input, output and error on /dev/null (it never holds a caller's pipe open).
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ import hmac
 import os
 import select
 import socket
-import stat
 import struct
 import time
 import typing as t
-import warnings
 
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import lease as _lease
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.procstat import pidfd, start_ticks
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock.proc.daemon import detached
 
 # Linux abstract namespace: nothing to clean up after a SIGKILL, no file another user could plant. Any
 # user can bind any free abstract name, so the name must be one nobody else can know first: see _address.
@@ -110,55 +109,26 @@ def start(renew: t.Callable[[float], str], token: str, lease: float, run_pid: in
     sock.listen(8)
     run_fd = pidfd(run_pid)
     run_start = start_ticks(run_pid)
-    r, w = os.pipe()
-    with warnings.catch_warnings():  # Python 3.12+ warns about fork in a threaded process; the child execs nothing
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - the heartbeat's own process
-        try:
-            os.close(r)
-            os.setsid()
-            if os.fork() == 0:
-                _detach({sock.fileno(), w} | ({run_fd} if run_fd is not None else set()))
-                os.write(w, b"%d\n" % os.getpid())
-                os.close(w)
-                _Heartbeat(renew, sock, lease, run_pid, run_fd, run_start).loop()
-        finally:
-            os._exit(0)
-    os.close(w)
-    sock.close()
-    if run_fd is not None:
-        os.close(run_fd)
+
+    def heartbeat(w: int) -> None:  # pragma: no cover - the heartbeat's own process
+        os.close(w)
+        _quiet_display()
+        _Heartbeat(renew, sock, lease, run_pid, run_fd, run_start).loop()
+
     try:
-        os.waitpid(pid, 0)
-        with os.fdopen(r, "rb") as f:
-            line = f.readline()
-    except OSError:
-        line = b""
-    return int(line) if line.strip().isdigit() else 0
+        # Inherited pipes and files closed (a caller's pipe must see EOF); sockets kept: a connection plugin
+        # may hold its session in one.
+        r, daemon = detached(heartbeat, {sock.fileno()} | ({run_fd} if run_fd is not None else set()), sockets=True)
+        os.close(r)
+    finally:
+        sock.close()
+        if run_fd is not None:
+            os.close(run_fd)
+    return daemon
 
 
-def _detach(keep: set) -> None:  # pragma: no cover - in the heartbeat
-    """Standard streams on /dev/null; close inherited pipes and files (a caller's pipe must see EOF).
-
-    Sockets are kept: a connection plugin may hold its session in one.
-    """
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    try:
-        fds = [int(x) for x in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 256))
-    for fd in fds:
-        if fd < 3 or fd in keep:
-            continue
-        try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                os.close(fd)
-        except OSError:
-            pass
+def _quiet_display() -> None:  # pragma: no cover - in the heartbeat
+    """The worker's Display must never send from the heartbeat."""
     try:  # the worker's Display sends through the run's result queue: never from here
         from ansible.utils.display import Display
 

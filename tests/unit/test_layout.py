@@ -24,11 +24,12 @@ ALLOWED = {
     "core": {"core"},
     "host": {"core", "host"},
     "fleet": {"core", "fleet"},
+    "proc": {"core", "proc"},
     "queries": {"core", "host"},
     "api": {"core", "host", "queries"},
-    "lease": {"api", "queries", "core", "host"},
+    "lease": {"api", "queries", "core", "host", "proc"},
     "__init__": {"api", "queries", "lease", "core", "host"},
-    "cli": {"__init__", "api", "queries", "lease", "core", "host", "fleet", "cli"},
+    "cli": {"__init__", "api", "queries", "lease", "core", "host", "fleet", "proc", "cli"},
     "__main__": {"cli"},
 }
 
@@ -147,3 +148,43 @@ def test_the_checker_sees_function_level_and_type_only_imports(tmp_path):
     f.write_text("def f():\n    from ..cli import common\n")
     assert imports("hostlock.host.x", f, known) == {"hostlock.cli.common"}
     assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+LAYOUT_DOC = ROOT / "docs" / "layout.md"
+
+
+def named_in_layout(text: str) -> set[str]:
+    """What docs/layout.md names: every `path` in backticks, and in a table row whose first cell is `DIR/`, every
+    `name` of that row as DIR/name (the engine's paths relative to plugins/module_utils/hostlock, the others'
+    relative to plugins/)."""
+    import re
+
+    named = set(re.findall(r"`([^`\s]+)`", text))
+    for line in text.splitlines():
+        cells = line.split("|")
+        if len(cells) > 2:
+            first = re.fullmatch(r"\s*`([^`]+/)`.*", cells[1])
+            if first:
+                named |= {first.group(1) + n for n in re.findall(r"`([^`\s/]+)`", "|".join(cells[2:]))}
+    return named
+
+
+def layout_files() -> list[str]:
+    """Every file of plugins/ as docs/layout.md should name it."""
+    out = []
+    for p in sorted((ROOT / "plugins").rglob("*")):
+        if p.is_dir() or "__pycache__" in p.parts:
+            continue
+        out.append(str(p.relative_to(ENGINE)) if ENGINE in p.parents else str(p.relative_to(ROOT / "plugins")))
+    return out
+
+
+def test_the_layout_names_every_file_of_plugins():
+    named = named_in_layout(LAYOUT_DOC.read_text())
+    assert [f for f in layout_files() if f not in named] == []
+
+
+def test_the_layout_checker_sees_rows_and_paths():
+    text = "| `core/` | x | `a.py` (`b`) |\n\nsee `proc/job.py`, and `modules/lock.py`\n"
+    assert {"core/a.py", "proc/job.py", "modules/lock.py"} <= named_in_layout(text)
+    assert "core/c.py" not in named_in_layout(text) and "proc/a.py" not in named_in_layout(text)

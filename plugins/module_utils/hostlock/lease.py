@@ -1,7 +1,7 @@
 """Leases: a lock that outlives the process that asked for it (an Ansible task, a shell step).
 
-hold() forks a detached holder (new session, double fork, every inherited descriptor closed, stdio on
-/dev/null, so it never keeps an SSH connection or a module's pipes open). The holder takes the lock, then
+hold() forks a detached holder (proc.daemon: new session, double fork, every inherited descriptor closed, stdio
+on /dev/null, so it never keeps an SSH connection or a module's pipes open). The holder takes the lock, then
 keeps it until release(), until the lease ends, or until it is killed; kernel locks then free at once.
 
 The control channel is a Unix socket named by the token's public id, which status shows to anyone, so it
@@ -54,6 +54,8 @@ from .host.channel import (
     via,
 )
 from .host.pathlock import PathLock
+from .proc.daemon import detached
+from .proc.marks import ancestors, marked, wait_unmarked
 
 __all__ = ["EXPIRE_NOW", "channel_address", "hold", "in_flight_environment", "in_flight_pids", "release", "renew",
            "wait_in_flight"]
@@ -120,29 +122,15 @@ def hold(name: str, lease: float, *, mode: str = "exclusive", slots: int = 1, di
         probe.close()
     token_id, secret = os.urandom(6).hex(), os.urandom(16).hex()
     token = host_token(token_id, secret, os.geteuid())  # the holder runs as we do
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child; covered by the lease tests through processes
-        try:
-            os.close(r)
-            os.setsid()
-            if os.fork() == 0:
-                _holder(w, name, lease, mode, slots, directory, timeout, mechanism, label, token_id, secret,
-                        in_flight, path)
-        finally:
-            os._exit(0)
-    os.close(w)
-    daemon = 0
+    r, daemon = detached(lambda w: _holder(w, name, lease, mode, slots, directory, timeout, mechanism, label,
+                                           token_id, secret, in_flight, path))
     try:
-        os.waitpid(pid, 0)
         data = b""
         while True:
             chunk = os.read(r, 4096)
             if not chunk:
                 break
             data += chunk
-            if data.startswith(b"PID ") and b"\n" in data and not daemon:
-                daemon = int(data[4:data.index(b"\n")])
     except BaseException:
         if daemon:  # interrupted while waiting: the holder must not take the lock behind our back
             try:
@@ -172,22 +160,7 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
             in_flight: bool = False, path: str | None = None) -> None:  # pragma: no cover
     import signal
 
-    os.write(w, b"PID %d\n" % os.getpid())
     os.chdir("/")
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    keep = {0, 1, 2, w}
-    try:
-        fds = [int(x) for x in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 1024))
-    for fd in fds:
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
     def report(text: str) -> None:
         os.write(w, (text.replace("\n", " ") + "\n").encode("utf-8", "replace"))
@@ -236,7 +209,7 @@ def _holder(w: int, name: str, lease: float, mode: str, slots: int, directory: s
             listener.close()
             key, value = _in_flight_entry(token_id, secret)
             lock.update_record(lease="", job_cmdline="waiting for the in-flight work of its lease to end")
-            wait_in_flight(key, value)
+            wait_in_flight(key, value, os.getuid())  # our own uid's processes only (proc.marks)
     finally:
         listener.close()  # stop answering first, so nobody reaches a holder that no longer holds
         lock.release()
@@ -261,82 +234,19 @@ def in_flight_environment(token: str) -> dict:
     return {key: value}
 
 
-def _marked(entry: bytes, own: int) -> list:
-    """Pids whose initial environment holds `entry` (KEY=VALUE), other than `own`; unreadable ones are skipped."""
-    found: list = []
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return found
-    for pid in pids:
-        if pid == own:
-            continue
-        try:
-            with open("/proc/%d/environ" % pid, "rb") as f:
-                # A process of another user is unreadable (EACCES) unless we are root: not work we could see.
-                if entry in f.read().split(b"\0"):
-                    found.append(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _ancestors() -> set:
-    """Our pid and those of our parents up to init: a process asking about its lease's work is not that work
-    (an Ansible task in the lease's own block carries its mark, and so may the shell that started it)."""
-    seen = set()
-    pid = os.getpid()
-    while pid > 1 and pid not in seen:
-        seen.add(pid)
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                pid = int(f.read().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    return seen
-
-
-def in_flight_pids(token: str) -> list:
+def in_flight_pids(token: str, uid: int | None = None) -> list:
     """The processes of this host carrying the lease's in-flight mark (in_flight_environment), other than us and
-    our ancestors: work under the lease still running (a task its `timeout:` ended, left going). Linux /proc."""
+    our ancestors: work under the lease still running (a task its `timeout:` ended, left going). Only processes
+    whose real and effective uid are `uid` count (None: ours, the lease holder's when its user asks): another
+    user can copy the mark into a process of their own (proc.marks). Linux /proc."""
     key, value = _in_flight_entry(*split_host(token))
-    own = _ancestors()
-    return [pid for pid in _marked(("%s=%s" % (key, value)).encode(), os.getpid()) if pid not in own]
+    return marked(("%s=%s" % (key, value)).encode(), os.getuid() if uid is None else uid, skip=ancestors())
 
 
-def wait_in_flight(key: str, value: str, poll: float = 0.2) -> None:
-    """Return once no process carries KEY=VALUE in its environment (Linux /proc; elsewhere at once).
-
-    Waits on pidfds (Linux 5.3+, Python 3.9+) of the processes found, then scans again: their children
-    inherit the mark and are found by the next scan. Without pidfds it scans every `poll` seconds.
-    """
-    import select
-
-    entry = ("%s=%s" % (key, value)).encode()
-    own = os.getpid()
-    opener = getattr(os, "pidfd_open", None)
-    while True:
-        pids = _marked(entry, own)
-        if not pids:
-            return
-        fds = []
-        for pid in pids:
-            try:
-                if opener is not None:
-                    fds.append(opener(pid))
-            except OSError:  # an old kernel, or it just ended: the next scan tells
-                pass
-        try:
-            if fds and len(fds) == len(pids):
-                waiter = select.poll()
-                for fd in fds:
-                    waiter.register(fd, select.POLLIN)  # a pidfd is readable once its process has exited
-                waiter.poll()
-            else:
-                time.sleep(poll)
-        finally:
-            for fd in fds:
-                os.close(fd)
+def wait_in_flight(key: str, value: str, uid: int, poll: float = 0.2) -> None:
+    """Return once no process of `uid` (real and effective) carries KEY=VALUE in its environment (Linux /proc;
+    elsewhere at once): the holder passes its own uid, so another user's copy of the mark keeps nothing."""
+    wait_unmarked(("%s=%s" % (key, value)).encode(), uid, poll)
 
 
 class _Listener:

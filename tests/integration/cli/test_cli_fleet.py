@@ -243,10 +243,9 @@ def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
     """What `hostlock run --fleet` imports, from the command's own -X importtime (its forked processes
     included): the fleet engine, never the lease code (issue 25), nor the standard library's heavier modules
     (socket, json, re, importlib and warnings, math, threading, ctypes...), nor `os` (core/oslite.py: ~1 ms),
-    `__future__` (the bundle compiles its flag instead), `_json` (fleet/wirejson.py) or, where it is a shared
-    library, `binascii` (fleet/b64.py); nor the read side, watches or waiting (queries, core.holder, fleet.watch,
-    fleet.waiting, fleet.admin: a lock free at once, taken and released, needs none of them), nor the lease's
-    upkeep (fleet.keepalive: its thread loads it 0.1 s in).
+    `__future__` (the bundle compiles its flag instead) or `_json` (fleet/wirejson.py); nor the read side,
+    watches or waiting (queries, core.holder, fleet.watch, fleet.waiting, fleet.admin: a lock free at once, taken
+    and released, needs none of them), nor the lease's upkeep (fleet.keepalive: its thread loads it 0.1 s in).
     Installed the role's way (the engine from its bundle, cli/bundle.py), not the host mechanisms either, nor
     the fcntl and struct they use: the policy imports them with itself only when its code comes from files (a
     process that drops its privileges after importing hostlock must still take host locks,
@@ -263,10 +262,6 @@ def test_run_fleet_loads_no_lease_code_and_no_heavy_module(cli, etcd):
              "warnings", "math", "threading", "typing", "ctypes", "subprocess", "signal", "psutil", "os",
              "posixpath", "_collections_abc", "stat", "__future__", "_json", "hostlock.queries", "hostlock.core.holder",
              "hostlock.fleet.watch", "hostlock.fleet.waiting", "hostlock.fleet.admin", "hostlock.fleet.keepalive"}
-    builtin = subprocess.run([PYTHON, "-I", "-S", "-c", "import sys; print('binascii' in sys.builtin_module_names)"],
-                             capture_output=True, text=True, check=True).stdout.strip() == "True"
-    if not builtin:
-        heavy.add("binascii")
     assert sorted(m for m in loaded if m in heavy) == []
 
 

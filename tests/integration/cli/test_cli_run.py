@@ -1,5 +1,5 @@
-"""`hostlock run` with real processes and real signals: each of flock(1)'s options, and each of its failures
-(see ../shared/ANCHORS.md) turned into a test."""
+"""`hostlock run` with real processes and real signals: each of flock(1)'s options, and each of its failures turned
+into a test (docs/cli.md, "The lock and the job live and die together")."""
 
 import os
 import shlex
@@ -208,9 +208,11 @@ def test_sigkill_to_hostlock_kills_the_job_and_its_children_and_frees_the_lock(c
     p.send_signal(signal.SIGKILL)
     p.wait(5)
     wait_until(lambda: not pid_alive(shell) and not pid_alive(grandchild), 5, "the job to die with hostlock")
-    assert cli.is_free("a")
-    r = cli.run("run", "-n", "a", "echo", "free")
+    # The watcher lets go of the lock once it has seen the job gone, a moment after the job died: waited for
+    # (-w), the next run takes it; test_no_second_copy_starts_while_a_killed_holders_job_lives proves the order.
+    r = cli.run("run", "-w", "60", "a", "echo", "free")
     assert (r.returncode, r.stdout) == (0, "free\n")
+    assert cli.is_free("a")
 
 
 def test_no_second_copy_starts_while_a_killed_holders_job_lives(cli, tmp_path):
@@ -237,7 +239,7 @@ def test_sigkill_kills_the_job_in_the_same_process_group_too(cli, tmp_path):
     assert os.getpgid(job) == os.getpgid(p.pid)
     p.send_signal(signal.SIGKILL)
     wait_until(lambda: not pid_alive(job), 5, "PR_SET_PDEATHSIG to kill the job")
-    assert cli.is_free("a")
+    wait_until(lambda: cli.is_free("a"), 60, "the watcher to let go of the lock once it saw the job gone")
 
 
 def test_a_daemon_started_by_the_job_does_not_keep_the_lock(cli, tmp_path):

@@ -1,4 +1,4 @@
-"""The watcher's kill (hostlock/cli/jobkill.py) run in-process against real processes, for the moments an
+"""The watcher's kill (hostlock/proc/jobkill.py) run in-process against real processes, for the moments an
 end-to-end test cannot place: a SIGCONT landing right after its SIGSTOP, a pid reused under it, a process
 the watcher may not signal.
 
@@ -15,7 +15,7 @@ import threading
 import pytest
 from cli_support import LIB, kill_quietly, pid_alive, wait_file
 
-from hostlock.cli import jobkill as _jobkill
+from hostlock.proc import jobkill as _jobkill
 
 
 def stat_line(pid):
@@ -95,7 +95,7 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by nobody (pyenv's lives under ro
 WATCHER = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from hostlock.cli import jobkill as _jobkill
+from hostlock.proc import jobkill as _jobkill
 job = int(sys.argv[2])
 with open("/proc/%d/stat" % job, "rb") as f:
     _jobkill.kill_job(job, True, f.read(), b"")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 
 import pytest
 
 import hostlock
+
+NOBODY = 65534
 
 
 def _wait_free(name, d, timeout=120.0):  # a hang guard only: returns as soon as it is free
@@ -193,6 +196,49 @@ def test_an_expired_in_flight_lease_waits_for_the_marked_work(lockdir, tmp_path)
     finally:
         gate.touch()
         forged.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv (another user)")
+def test_another_users_copy_of_the_in_flight_mark_neither_keeps_the_lock_nor_counts(lockdir, tmp_path):
+    """Only processes whose real and effective uid are the lease holder's are its in-flight work (issue 39 item 7):
+    a user a block `become_user`s to can read the exact mark in its task's environment and start a process of
+    their own with it; that process must not keep root's lock after the lease runs out, nor be counted as the
+    lease's work. The holder's own uid's marked process still is both."""
+    import subprocess
+
+    from hostlock.lease import in_flight_environment, in_flight_pids
+
+    token = hostlock.hold("u", lease=30, directory=lockdir, in_flight=True)
+    env = dict(os.environ, **in_flight_environment(token))
+    gate = tmp_path / "gate"
+    # "ready" once the shell runs (as nobody, for the copy): both the shell and its exec'd sleep carry the mark.
+    other = subprocess.Popen(["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+                              "sh", "-c", "echo ready; exec sleep 300"], env=env, stdout=subprocess.PIPE, text=True)
+    own = subprocess.Popen(["sh", "-c", "echo ready; while [ ! -e \"$0\" ]; do sleep 0.01; done", str(gate)],
+                           env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "ready\n" and own.stdout.readline() == "ready\n"
+        with open("/proc/%d/status" % other.pid) as f:
+            assert any(line.split()[1:3] == [str(NOBODY)] * 2 for line in f if line.startswith("Uid:"))
+        found = in_flight_pids(token)
+        assert own.pid in found and other.pid not in found, found
+        hostlock.renew("u", token, lease=0.01, directory=lockdir)  # its owner stops renewing: it runs out
+        _until(lambda: [h for h in hostlock.holders("u", lockdir) if h.job_cmdline and "in-flight" in h.job_cmdline],
+               "the holder to wait for the in-flight work")
+        with pytest.raises(hostlock.LockTimeout):
+            hostlock.Lock("u", directory=lockdir).acquire(timeout=0)  # the holder's own uid's work keeps it
+        gate.touch()
+        own.wait()
+        nxt = hostlock.Lock("u", directory=lockdir).acquire(timeout=60)  # free with nobody's copy still running
+        try:
+            assert other.poll() is None
+        finally:
+            nxt.release()
+    finally:
+        gate.touch()
+        other.kill()
+        other.wait()
+        own.wait()
 
 
 def test_a_released_in_flight_lease_frees_at_once(lockdir, tmp_path):

@@ -13,6 +13,8 @@ import pytest
 import hostlock
 from hostlock.cli import admin, main, options, supervise
 from hostlock.cli import common as c
+from hostlock.proc import forward
+from hostlock.proc.job import Job
 
 URL = "etcd://127.0.0.1:1"  # never contacted: every case here fails or is decided before any I/O
 
@@ -27,7 +29,7 @@ def signal_mask_restored(monkeypatch):
     """waker() blocks SIGALRM in this (pytest's) thread for good, as it should in hostlock: undo it after
     each test, or every later test in this worker starts children with SIGALRM blocked (flock -w then
     never times out) and the next waker() finds it blocked already."""
-    monkeypatch.setattr(supervise, "_wake_was_blocked", False)
+    monkeypatch.setattr(forward, "_wake_was_blocked", [False])
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     yield
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -141,9 +143,9 @@ def _abort_when_ready(ready, flag, wake):
 def test_abort_sends_sigterm_to_the_job(tmp_path):
     argv, ready, got = _trap_job(tmp_path)
     flag = threading.Event()
-    wake = supervise.waker()
+    wake = forward.waker()
     t = _abort_when_ready(ready, flag, wake)
-    outcome = supervise.supervise(supervise.Job(argv, abort=flag.is_set, kill_after=60))
+    outcome = supervise.supervise(Job(argv, abort=flag.is_set, kill_after=60))
     t.join()
     assert outcome.aborted and not outcome.timed_out
     assert os.WIFEXITED(outcome.status) and os.WEXITSTATUS(outcome.status) == 3  # its TERM trap ran
@@ -154,9 +156,9 @@ def test_abort_sends_sigterm_to_the_job(tmp_path):
 def test_abort_kills_a_job_that_ignores_sigterm_after_kill_after(tmp_path):
     argv, ready, got = _trap_job(tmp_path, ignore_term=True)
     flag = threading.Event()
-    wake = supervise.waker()
+    wake = forward.waker()
     t = _abort_when_ready(ready, flag, wake)
-    outcome = supervise.supervise(supervise.Job(argv, abort=flag.is_set, kill_after=0.2))
+    outcome = supervise.supervise(Job(argv, abort=flag.is_set, kill_after=0.2))
     t.join()
     assert outcome.aborted and os.WIFSIGNALED(outcome.status) and os.WTERMSIG(outcome.status) == signal.SIGKILL
     assert got.read_text() == "term\n"
@@ -166,7 +168,7 @@ def test_a_stray_wake_signal_does_not_abort(tmp_path):
     argv, ready, _got = _trap_job(tmp_path)
     argv[2] = argv[2].replace("while :; do sleep 0.05; done", "while [ ! -e %s ]; do sleep 0.05; done"
                               % (tmp_path / "go"))
-    wake = supervise.waker()
+    wake = forward.waker()
 
     def poke():
         while not ready.exists():
@@ -176,28 +178,28 @@ def test_a_stray_wake_signal_does_not_abort(tmp_path):
 
     t = threading.Thread(target=poke, daemon=True)
     t.start()
-    outcome = supervise.supervise(supervise.Job(argv, abort=lambda: False))
+    outcome = supervise.supervise(Job(argv, abort=lambda: False))
     t.join()
     assert not outcome.aborted and os.WEXITSTATUS(outcome.status) == 0
 
 
 def test_the_job_does_not_inherit_the_blocked_wake_signal(tmp_path):
-    supervise.waker()
+    forward.waker()
     out = tmp_path / "mask"
     # grep itself, not through sh: dash and bash clear the signal mask when they start.
     with out.open("w") as f:
-        job = supervise.Job(["grep", "SigBlk", "/proc/self/status"], abort=lambda: False, out_fd=f.fileno())
+        job = Job(["grep", "SigBlk", "/proc/self/status"], abort=lambda: False, out_fd=f.fileno())
         outcome = supervise.supervise(job)
     assert outcome.exit_code() == 0
     blocked = int(out.read_text().split()[1], 16)
-    assert not blocked & (1 << (supervise.WAKE - 1))
+    assert not blocked & (1 << (forward.WAKE - 1))
 
 
 def test_a_wake_signal_blocked_before_waker_stays_blocked_for_the_job(tmp_path):
-    signal.pthread_sigmask(signal.SIG_BLOCK, {supervise.WAKE})  # as a caller's mask gave it to us
-    supervise.waker()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {forward.WAKE})  # as a caller's mask gave it to us
+    forward.waker()
     out = tmp_path / "mask"
     with out.open("w") as f:
-        job = supervise.Job(["grep", "SigBlk", "/proc/self/status"], abort=lambda: False, out_fd=f.fileno())
+        job = Job(["grep", "SigBlk", "/proc/self/status"], abort=lambda: False, out_fd=f.fileno())
         assert supervise.supervise(job).exit_code() == 0
-    assert int(out.read_text().split()[1], 16) & (1 << (supervise.WAKE - 1))
+    assert int(out.read_text().split()[1], 16) & (1 << (forward.WAKE - 1))

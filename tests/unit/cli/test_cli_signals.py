@@ -11,6 +11,8 @@ import pytest
 
 from hostlock.cli import supervise
 from hostlock.core import signals
+from hostlock.proc import forward
+from hostlock.proc.job import Job, start
 
 FAULTS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGTRAP, signal.SIGSYS}
 
@@ -56,7 +58,7 @@ def test_names_as_kill_takes_them(sig, name):
 def test_run_forwards_and_a_fleet_waiter_traps_the_same_set():
     # Python ignores SIGPIPE and SIGXFSZ for itself: left alone, as before.
     assert signals.FORWARDED == signals.ENDING - {signal.SIGPIPE, signal.SIGXFSZ}
-    assert supervise.FORWARDED is signals.FORWARDED
+    assert forward.WAITED == signals.FORWARDED | {signal.SIGCHLD}  # `run`'s and the `locked` runner's one set
     assert set(supervise.WAIT_SIGNALS) == signals.ENDING - {signal.SIGINT}  # SIGINT: KeyboardInterrupt
 
 
@@ -78,7 +80,7 @@ def test_a_signal_that_reaches_the_jobs_process_before_its_exec_ends_it_by_that_
     trapped = supervise.trap_wait_signals()
     try:
         keep: list = []
-        supervise.start(supervise.Job(["sleep", "30"], watch=False), keep)
+        start(Job(["sleep", "30"], watch=False), keep)
     finally:
         supervise.untrap(trapped)
     os.kill(keep[0].pid, sig)  # blocked in it until it execs: pending

@@ -1,6 +1,6 @@
-"""fleet/b64.py: the gateway's base64 without a per-character loop (used where `binascii` is a shared library),
-checked against the standard library for every length around the padding cases and for random data, and strict
-where etcd's answers are concerned: anything but padded base64 is a ValueError, never bytes made up."""
+"""fleet/b64.py: the gateway's base64, checked against the standard library for every length around the padding
+cases and for random data, and strict where etcd's answers are concerned, on every Python (binascii's
+strict_mode is 3.11's): anything but padded base64 is a ValueError, never bytes made up."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hostlock.fleet import b64
 
 
 def _strict_mode() -> bool:
-    """binascii.a2b_base64(strict_mode=) exists (3.11+): the module uses it where binascii is built in."""
+    """binascii.a2b_base64(strict_mode=) exists (3.11+): the module uses it there."""
     try:
         binascii.a2b_base64(b"", strict_mode=True)
     except TypeError:
@@ -55,7 +55,7 @@ def test_anything_but_padded_base64_is_refused(bad):
         b64.decode(bad)
     with pytest.raises(ValueError):
         b64.unb64(bad.decode())
-    if STRICT_MODE:  # what the module uses where binascii is built in: as strict
+    if STRICT_MODE:  # what the module uses on 3.11+: as strict
         with pytest.raises(ValueError):
             binascii.a2b_base64(bad, strict_mode=True)
 

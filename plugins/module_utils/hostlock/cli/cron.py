@@ -11,10 +11,11 @@ import os
 import time
 
 from ..core.names import name_chars
+from ..proc.forward import block, waker
 from . import common as c
 from .options import CRON_HELP, Options, job_of, lost_text, make_lock, parse, recorder, where
 from .run import signalled_while_waiting, take, with_log
-from .supervise import Signalled, block_job_signals, supervise, trap_wait_signals, untrap, waker
+from .supervise import Signalled, supervise, trap_wait_signals, untrap
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -137,7 +138,7 @@ def _cron(o: Options, log: RunLog | None) -> int:
             t0 = time.monotonic()
             take(o, lock, log)
             if trapped is not None:
-                mask = block_job_signals()  # see cli.run
+                mask = block()  # see cli.run
         finally:
             untrap(trapped)
     except Signalled as sig:

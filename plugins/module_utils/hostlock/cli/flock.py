@@ -7,7 +7,7 @@ lock), flock(2) or OFD fcntl locks on that descriptor, the descriptor inherited 
 the same exit codes and the same streams (--verbose chatter on stdout, errors on stderr).
 
 What hostlock adds is what no correct script can observe (docs/cli.md, "hostlock flock"):
-- it stays the parent and forwards every signal that would end it (TERM, INT, HUP, USR1...) to the command
+- it stays the parent and forwards every signal that would end it (core.signals.FORWARDED) to the command
   (flock(1) dies and leaves the command running with the lock);
 - the command dies with hostlock (PR_SET_PDEATHSIG), even when hostlock is SIGKILLed;
 - a FIFO at the lock path is refused instead of blocking forever in open();
@@ -373,7 +373,7 @@ def run_command(o: Options, fd: int) -> int:
     # flock.c: "Clear any inherited settings" (a SIGCHLD ignored by our parent would lose the status).
     _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     if o.no_fork:
-        from .supervise import execvp
+        from ..proc.job import execvp
 
         os.set_inheritable(fd, True)  # the exec'd command is the holder now
         # Python ignores SIGPIPE and SIGXFSZ; an ignored signal stays ignored across exec, and the command
@@ -385,7 +385,8 @@ def run_command(o: Options, fd: int) -> int:
         except (OSError, ValueError) as exc:
             warn("failed to execute %s: %s" % (o.command[0], getattr(exc, "strerror", None) or exc))
             return c.EX_OSERR if getattr(exc, "errno", None) == errno.ENOMEM else c.EX_UNAVAILABLE
-    from .supervise import Job, die_like, new_group_for, supervise
+    from ..proc.job import Job, new_group_for
+    from .supervise import die_like, supervise
 
     # Without -o the command inherits the locked descriptor, as with flock(1): a background child it
     # leaves behind keeps the lock. With -o it does not, and hostlock (alive until the command ends, and
@@ -398,7 +399,7 @@ def run_command(o: Options, fd: int) -> int:
     # where hostlock holds the lock alone) keeps the lock until the command is gone.
     new_group = new_group_for(o.pgroup)
     job = Job(o.command, new_group=new_group, watch=new_group, lock_fds=(fd,) if o.do_close else (),
-              flock_exec=True)
+              flock_exec=True, say=lambda message: c.say(message, prog=c.FLOCK_PROG))
     try:
         outcome = supervise(job)
     except OSError as exc:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ..core import oslite as os
 from ..core.model import FLEET_TTL, MECHANISM_CHOICES
+from ..proc.job import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 from . import common as c
-from .supervise import DEFAULT_KILL_AFTER, PROCESS_GROUPS, Job, new_group_for
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -434,7 +434,7 @@ def job_of(o: Options, lock: RunLock, out_fd: int | None = None) -> Job:
             env.update(fence_env(lock))
     return Job(o.command, env=env,
                new_group=new_group_for(o.pgroup), out_fd=out_fd, time_limit=o.timeout, kill_after=o.kill_after,
-               verbose=o.verbose, lock_fds=lock.descriptors(),
+               verbose=o.verbose, say=c.say, lock_fds=lock.descriptors(),
                abort=(lambda: lock.lost) if fleet else None,  # read at each wake-up of the supervisor
                valid_until=(lambda: lock.valid_until) if fleet else None)  # passed on to the watcher as it moves
 

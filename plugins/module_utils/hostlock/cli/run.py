@@ -10,19 +10,11 @@ import _signal
 import time
 
 from ..core.model import FLEET_TTL
+from ..proc.forward import block, waker
+from ..proc.job import Started, start
 from . import common as c
 from .options import RUN_HELP, Options, fence_env, job_of, lost_text, make_lock, parse, recorder, where
-from .supervise import (
-    Signalled,
-    Started,
-    block_job_signals,
-    die_like,
-    start,
-    supervise,
-    trap_wait_signals,
-    untrap,
-    waker,
-)
+from .supervise import Signalled, die_like, supervise, trap_wait_signals, untrap
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,7 +95,9 @@ def _run(o: Options, early: list[Started], log: RunLog | None) -> int:
             else:
                 take(o, lock, log)
             if trapped is not None:
-                mask = block_job_signals()  # held before the wait's handlers go: see block_job_signals
+                # Blocked before the wait's handlers go: a signal between the two waits for supervise() to
+                # forward it to the job, where it would have ended hostlock with its key held for a whole TTL.
+                mask = block()
         finally:
             untrap(trapped)  # from here on a signal is the job's (supervise forwards it)
     except Signalled as sig:

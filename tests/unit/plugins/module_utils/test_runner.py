@@ -134,12 +134,14 @@ def test_own_run_holder_fails_at_once(lockdir):
 @pytest.mark.parametrize("sig, name", [(signal.SIGTERM, "SIGTERM"), (signal.SIGUSR1, "SIGUSR1"),
                                        (signal.SIGRTMIN + 1, "SIGRTMIN+1")])
 def test_signals_are_forwarded_and_the_work_is_waited_for(sig, name):
-    """A signal to the runner reaches the payload, which ends; the result says the task was interrupted."""
+    """A signal to the runner reaches the payload, which ends; the result says the task was interrupted. Sent
+    by another process (`kill`, which the payload starts once its handler is set): one the payload sent the
+    runner itself is not sent back (hostlock.proc.forward, as `hostlock run` does)."""
     payload = (
-        b"import json, signal, time, sys\n"
+        b"import json, os, signal, subprocess, time, sys\n"
         b"def done(*a):\n    print(json.dumps({'got': a[0]})); sys.exit(0)\n"
         b"signal.signal(%d, done)\n"
-        b"import os; os.kill(os.getppid(), %d)\n"
+        b"subprocess.run(['kill', '-%d', str(os.getppid())])\n"
         b"time.sleep(60)\n" % (sig, sig)
     )
     result, _pid = run_payload(payload)

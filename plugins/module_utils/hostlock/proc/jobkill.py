@@ -1,7 +1,7 @@
 """The watcher's last duty when hostlock died mid-job: kill the job's whole process tree, and return only
 once every process of it is gone (a zombie counts as gone: it runs nothing and holds no descriptor).
 
-Imported only then, in the watcher (see `cli.supervise`), which still holds the lock: the lock is free only
+Imported only then, in the watcher (`proc.watcher`), which still holds the lock: the lock is free only
 after this returns. Also by the supervisor when it stopped a job (its time limit, its fleet lock lost) and the
 job's first process is gone while others of the job run on (`end_the_rest`): they end too, before the lock
 is released or can be handed on. What counts as the job:
@@ -31,6 +31,7 @@ import os
 import time
 
 from ..core import procstat
+from .marks import carries, environ_of, pids
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,36 +54,15 @@ def _parse(data: bytes | None) -> tuple[str, int, int, int] | None:
 
 def _snapshot() -> dict[int, tuple[str, int, int, int]]:
     procs = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                procs[int(name)] = st
+    for pid in pids():
+        st = _stat(pid)
+        if st is not None:
+            procs[pid] = st
     return procs
 
 
 def _alive(st: tuple[str, int, int, int] | None) -> bool:
     return st is not None and st[0] not in ("Z", "X", "x")
-
-
-def _tagged(pid: int, marker: bytes) -> bool:
-    """Whether /proc/PID/environ holds HOSTLOCK_JOB=tag (as it was at exec: what the job inherited)."""
-    try:
-        fd = os.open("/proc/%d/environ" % pid, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        chunks = [b"\0"]
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return marker in b"".join(chunks)
 
 
 def _members(job: int, new_group: bool, job_start: int | None, known: set[int], tag: bytes = b"") -> dict[int, int]:
@@ -91,9 +71,10 @@ def _members(job: int, new_group: bool, job_start: int | None, known: set[int], 
     procs = _snapshot()
     roots = set(known)
     if tag:
-        marker = b"\0HOSTLOCK_JOB=" + tag + b"\0"
+        entry = b"HOSTLOCK_JOB=" + tag
         me = os.getpid()
-        roots.update(pid for pid, st in procs.items() if pid != me and _alive(st) and _tagged(pid, marker))
+        # Any uid (proc.marks): a job's `su`/`sudo` is the job too, and we signal only what we may.
+        roots.update(pid for pid, st in procs.items() if pid != me and _alive(st) and carries(environ_of(pid), entry))
     if new_group:
         roots.update(pid for pid, st in procs.items() if st[2] == job)
     st = procs.get(job)
