@@ -9,7 +9,7 @@ What is ended, and how (docs/cli.md, docs/security.md):
   task, a holder nobody can prove: never signalled; the run is then busy, as without --replace.
 - With the time limit's kill sequence: SIGTERM (and SIGCONT) to the holder's hostlock, which forwards it to its
   job's process group; if it has not exited after --kill-after, SIGKILL to it (through a pidfd, proven again
-  first), whose watcher then kills the job's whole tree before the lock is free (cli/jobkill.py). Then this run
+  first), whose watcher then kills the job's whole tree before the lock is free (proc/jobkill.py). Then this run
   waits for the lock (up to SETTLE) like any waiter: those queued before it keep their turn. With --wait D the
   running copy first gets D to end on its own (without, none).
 - Exclusive host locks only: a shared lock or a semaphore is meant to have several holders (which would be

@@ -103,16 +103,17 @@ def parse_duration(text: object, what: str = "duration", *, limit: float = MAX_D
     if value is None:
         # float() reads any script's digits ('1\u0663' is 13.0), '1_0' as 10, '-0', 'nan' and 'inf': a
         # duration is written in plain ASCII digits and units, or refused.
-        shown = text.strip().lower() if isinstance(text, str) else ""
+        raw = text.strip() if isinstance(text, str) else str(text)
+        shown = raw.lower() if isinstance(text, str) else ""
         if shown.lstrip("+-") in ("inf", "infinity") and not shown.startswith("-"):
-            raise InvalidDuration("%s %r is too long: at most %s" % (what, text.strip(), _limit_text(limit)))
+            raise InvalidDuration("%s %r is too long: at most %s" % (what, raw, _limit_text(limit)))
         if shown.startswith("-") or shown.lstrip("+") == "nan":
             raise InvalidDuration("invalid %s %r: must be a number of seconds %s, without a sign"
-                                  % (what, text.strip(), "> 0" if positive else ">= 0"))
+                                  % (what, raw, "> 0" if positive else ">= 0"))
         raise InvalidDuration("invalid %s %r: %s" % (what, text, _DURATION_HELP))
     if value < 0:
         raise InvalidDuration("invalid %s %r: too small to be told from 0" % (what, text))  # 1e-400
-    return _in_range(value, text.strip(), what, positive, limit)
+    return _in_range(value, str(text).strip(), what, positive, limit)
 
 
 def _number(s: str, exponent: bool) -> float | None:
