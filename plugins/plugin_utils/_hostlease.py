@@ -16,13 +16,16 @@ from __future__ import annotations
 import base64
 import os
 import shlex
+import time
 import typing as t
 
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY
 from ansible_collections.hostlock.core.plugins.plugin_utils import _engine_call, _heartbeat, _hostcode
 
-LOCK_MODULE = "hostlock.core.lock"
-LOCKED_MODULE = "hostlock.core.locked"
+# The modules the actions run on the host (internal: users write hostlock.core.lock and hostlock.core.locked,
+# whose actions set the options only they know, such as the wrapped module's payload).
+LOCK_MODULE = "hostlock.core.lock_host"
+LOCKED_MODULE = "hostlock.core.locked_host"
 
 
 def start_heartbeat(action: t.Any, args: dict, result: dict, task_vars: dict) -> dict:
@@ -104,6 +107,8 @@ class TaskLease:
         self._busy = 0  # inside a housekeeping step or our own take: commands pass through
         self.deferred: list = []  # the task's temporary directories' removal, run with the release
         self.code_key: str | None = None  # where the first step ran: the host's compiled engine (_hostcode)
+        self.asked_at: float | None = None  # when the take's module run was sent (monotonic)
+        self.ended_at: float | None = None  # when the release was answered
 
     @property
     def token(self) -> str | None:
@@ -221,6 +226,7 @@ class TaskLease:
                     args = dict(self.locked_args, heartbeat=True, task=dict(module=module_name),
                                 payload=base64.b64encode(bits.b_module_data).decode("ascii"))
                     self.code_key = _hostcode.key(act, bits.shebang, task_vars)
+                    self.asked_at = time.monotonic()
                     result = _hostcode.run_with(
                         lambda a: orig_module(act, module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),
                         args, self.code_key, RESULT_KEY,
@@ -253,6 +259,7 @@ class TaskLease:
         a = self.action
         self._busy += 1
         try:
+            self.asked_at = time.monotonic()
             got = a._execute_module(module_name=LOCK_MODULE, module_args=self.lock_args, task_vars=self.task_vars)
         finally:
             self._busy -= 1
@@ -279,6 +286,13 @@ class TaskLease:
             raise NotTaken(dict(failed=True, msg=f"cannot start the lease's heartbeat on the control node ({e})",
                                 **{RESULT_KEY: dict(self.info, event="error")})) from None
 
+    def held(self) -> float:
+        """Seconds the lease was held: from the take's module run, less the wait the host reported, to its release."""
+        if self.asked_at is None:
+            return 0.0
+        waited = float(self.info.get("waited") or 0.0)
+        return round(max(0.0, (self.ended_at or time.monotonic()) - self.asked_at - waited), 3)
+
     def end(self, expire: bool = False) -> bool:
         """Release the lease (stop its heartbeat first); whether the host said it is released.
 
@@ -290,6 +304,12 @@ class TaskLease:
         token = self.got.pop("token", None)
         if not token:
             return True
+        try:
+            return self._release(token, expire)
+        finally:
+            self.ended_at = time.monotonic()
+
+    def _release(self, token: str, expire: bool) -> bool:
         _heartbeat.stop(token)
         which = {k: self.lock_args[k] for k in ("name", "path") if self.lock_args.get(k)}
         deferred, self.deferred = self.deferred, []
