@@ -107,7 +107,7 @@ class TaskLease:
         self._busy = 0  # inside a housekeeping step or our own take: commands pass through
         self.deferred: list = []  # the task's temporary directories' removal, run with the release
         self.code_key: str | None = None  # where the first step ran: the host's compiled engine (_hostcode)
-        self.asked_at: float | None = None  # when the take's module run was sent (monotonic)
+        self.answered_at: float | None = None  # when the host answered the take (monotonic)
         self.ended_at: float | None = None  # when the release was answered
 
     @property
@@ -226,11 +226,11 @@ class TaskLease:
                     args = dict(self.locked_args, heartbeat=True, task=dict(module=module_name),
                                 payload=base64.b64encode(bits.b_module_data).decode("ascii"))
                     self.code_key = _hostcode.key(act, bits.shebang, task_vars)
-                    self.asked_at = time.monotonic()
                     result = _hostcode.run_with(
                         lambda a: orig_module(act, module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),
                         args, self.code_key, RESULT_KEY,
                     )
+                    self.answered_at = time.monotonic()
                     self._taken(result, bits.shebang)
                     return result
         finally:
@@ -259,10 +259,10 @@ class TaskLease:
         a = self.action
         self._busy += 1
         try:
-            self.asked_at = time.monotonic()
             got = a._execute_module(module_name=LOCK_MODULE, module_args=self.lock_args, task_vars=self.task_vars)
         finally:
             self._busy -= 1
+        self.answered_at = time.monotonic()
         info = got.get(RESULT_KEY) or {}
         self.info = dict(info, waited=info.get("waited", 0.0))
         if a._task.check_mode:
@@ -287,11 +287,13 @@ class TaskLease:
                                 **{RESULT_KEY: dict(self.info, event="error")})) from None
 
     def held(self) -> float:
-        """Seconds the lease was held: from the take's module run, less the wait the host reported, to its release."""
-        if self.asked_at is None:
+        """Seconds the lease was held: on the host from its take to the end of the step that took it (no wait in it:
+        the host measures from when it had the lease), then here from that answer to the release's. Two intervals,
+        each on one clock, so a host's clock that differs from ours changes nothing."""
+        if self.answered_at is None:
             return 0.0
-        waited = float(self.info.get("waited") or 0.0)
-        return round(max(0.0, (self.ended_at or time.monotonic()) - self.asked_at - waited), 3)
+        on_host = float(self.info.get("held") or 0.0)
+        return round(on_host + max(0.0, (self.ended_at or time.monotonic()) - self.answered_at), 3)
 
     def end(self, expire: bool = False) -> bool:
         """Release the lease (stop its heartbeat first); whether the host said it is released.
