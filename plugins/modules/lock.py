@@ -262,7 +262,7 @@ token:
   type: str
   sample: 3f1c2e5a9b07.bd2a6c0f5e8a4d2b9c1e7f30a6d4c2b1
 token_id:
-  description: Public id of the lease, as shown by C(hostlock status) and RV(holders[].token_id).
+  description: Public id of the lease, as shown by C(hostlock status) and in RV(holders).
   returned: when a lease was taken, renewed or released
   type: str
   sample: 3f1c2e5a9b07

@@ -72,11 +72,7 @@ import typing as t
 from ansible.module_utils.basic import AnsibleModule
 
 # First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
-from ansible_collections.hostlock.core.plugins.module_utils import (
-    _messages,
-    _turns,
-    _zipimport,  # noqa: F401  # pylint: disable=unused-import
-)
+from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
 from ansible_collections.hostlock.core.plugins.module_utils._argspec import (
     HOST_LOCK,
     LOCK_MUTUALLY_EXCLUSIVE,
@@ -91,6 +87,14 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     path_holder_dicts,
     would_acquire,
 )
+from ansible_collections.hostlock.core.plugins.module_utils._messages import (
+    AGAIN_ON_THIS_HOST,
+    DELEGATED,
+    EARLIER_LEASE,
+    one_machine,
+    same_run,
+    still_held,
+)
 from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     SELF_CHECK_EVERY,
     ControllerGone,
@@ -99,6 +103,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._runner import (
     own_holders,
 )
 from ansible_collections.hostlock.core.plugins.module_utils._task import LockTask
+from ansible_collections.hostlock.core.plugins.module_utils._turns import judge
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     LockTimeout,
@@ -192,8 +197,8 @@ class Task(LockTask):
         except LockTimeout as e:
             waited = round(time.monotonic() - started, 3)
             self.holders = path_holder_dicts(self.path) if self.path else [h.as_dict() for h in e.holders]
-            msg = _messages.still_held(self.what, self.name, waited, self.holders, self.status_hint(),
-                                       where="" if self.path else f" in {self.resolved}")
+            msg = still_held(self.what, self.name, waited, self.holders, self.status_hint(),
+                             where="" if self.path else f" in {self.resolved}")
             raise Conflict(msg, self.result("conflict", False, msg, waited)) from e
         waited = round(time.monotonic() - started, 3)
         token_id = token.partition(".")[0]
@@ -208,22 +213,22 @@ class Task(LockTask):
     def turn(self, mine: list) -> None:
         """Leases of this same run in our way: wait for them (another host of this machine that runs on to its
         release, where the strategy lets it), or raise Turn saying what works instead."""
-        verdict = _turns.judge(mine, self.p.get("turns"))
+        verdict = judge(mine, self.p.get("turns"))
         if verdict.wait:
             return
         if verdict.kind == "strategy":
             turns = self.p["turns"]
             waiter = (turns.get("batch") or {}).get(turns.get("host"), turns.get("host") or "this host")
-            raise Turn(_messages.one_machine(self.name, verdict.holder, waiter, turns.get("why") or "",
-                                             list(turns.get("works") or [])), mine)
+            raise Turn(one_machine(self.name, verdict.holder, waiter, turns.get("why") or "",
+                                   list(turns.get("works") or [])), mine)
         if verdict.kind == "earlier":
-            advice = _messages.EARLIER_LEASE.format(holder=verdict.holder)
+            advice = EARLIER_LEASE.format(holder=verdict.holder)
         else:
-            advice = _messages.AGAIN_ON_THIS_HOST
+            advice = AGAIN_ON_THIS_HOST
         delegated = (self.p.get("turns") or {}).get("delegated")
         if delegated and verdict.kind != "again":
-            advice = f"{advice}; {_messages.DELEGATED}"
-        raise Turn(_messages.same_run(self.what, self.name, mine, advice), mine)
+            advice = f"{advice}; {DELEGATED}"
+        raise Turn(same_run(self.what, self.name, mine, advice), mine)
 
     def hold(self, started: float) -> str:
         """hold() in slices: between them, judge holders of our own run (turn), stop if the controller left."""

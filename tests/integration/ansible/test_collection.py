@@ -52,9 +52,13 @@ def test_ansible_doc_renders(ansible, kind, name):
     assert name in proc.stdout and ("OPTIONS" in proc.stdout if kind != "role" else "ENTRY POINT:" in proc.stdout)
 
 
-@pytest.mark.parametrize(("name", "internal"), [("hostlock.core.lock", ["controller", "turns"]),
-                                              ("hostlock.core.locked", ["payload", "compiled", "controller",
-                                                                        "heartbeat", "turns"])])
+INTERNAL_OPTIONS = [
+    ("hostlock.core.lock", ["controller", "turns"]),
+    ("hostlock.core.locked", ["payload", "compiled", "controller", "heartbeat", "turns"]),
+]
+
+
+@pytest.mark.parametrize(("name", "internal"), INTERNAL_OPTIONS)
 def test_ansible_doc_leads_with_what_a_user_sets(ansible, name, internal):
     """issue 40 item 4: locked's page was 450 lines, its internal options among the user's and in `-s`."""
     env = dict(ansible.env(), COLUMNS="120")

@@ -331,8 +331,8 @@ def test_a_failure_inside_with_lock_shows_its_reason_and_the_users_task_never_th
     assert "censored" not in busy.out, busy.out
     assert f"lock {lock} in {ansible.lockdir} is still held after" in busy.out, busy.out
     assert "included by task 'Deploy under the lock' at " in busy.out and "with_lock.yml:" in busy.out, busy.out
-    ok = ansible.play("with_lock.yml", "-v", extra_vars=dict(target="loc", lock=lock, gate=str(gate),
-                                                               events=str(tmp_path / "events-ok")))
+    ok = ansible.play("with_lock.yml", "-v",
+                      extra_vars=dict(target="loc", lock=lock, gate=str(gate), events=str(tmp_path / "events-ok")))
     assert ok.rc == 0, ok.out
     for run in (busy, ok):
         assert not re.search(r"\b[0-9a-f]{12}\.[0-9a-f]{32}\b", run.out), "a lease token in the output"
