@@ -3,17 +3,25 @@
 #
 #   make test-roles      molecule test for each role: check mode on a fresh host, converge, idempotence, verify,
 #                        against a disposable SSH target (tests/integration/roles/target.sh: sshd on 127.0.0.1 in a
-#                        private mount namespace, so the roles write their real paths and this machine stays as it was)
+#                        private mount namespace, so the roles write their real paths and this machine stays as it was);
+#                        and for tests/integration/roles/lock_forms, a role that locks its work with locked, with_lock
+#                        and lock take-and-release, as an infra role would (its second converge changes nothing)
 #   make lint-roles      ansible-lint, production profile, over both roles and their molecule scenarios
 #   make molecule ROLE=cron CMD=converge   one molecule command for one role (login, verify, destroy, ...)
 
 ROLES              := cli cron systemd
+# Each scenario's directory: the collection's roles, then the test roles that use them.
+ROLE_DIRS          := $(addprefix roles/,$(ROLES)) tests/integration/roles/lock_forms
 # ansible-lint finds hostlock.core through this symlink instead of an installed copy. Molecule needs no make step:
 # each scenario's create links the checkout into its own ephemeral directory (tests/integration/roles/create.yml),
 # so `cd roles/cron && molecule test` works on a fresh clone with .venv active, exactly as here.
 ROLES_COLLECTIONS  := $(VENV)/roles-collections
 MOLECULE           := $(abspath $(VENV_BIN))/molecule
 MOLECULE_ARGS      ?=
+# Each scenario's working directory (its target's files): Molecule's default is named after the role's directory
+# alone (~/.ansible/tmp/molecule.HASH(cli).default), shared by every checkout on the machine; this one is this
+# checkout's. Not under /tmp: the target hides /tmp (tests/integration/roles/target.sh).
+MOLECULE_HOME      ?= $(HOME)/.cache/hostlock-molecule/$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
 ROLE               ?= cli
 CMD                ?= test
 
@@ -40,22 +48,24 @@ roles-collection: venv
 # subshell before its exit status is written: `&& ... ||` keeps it, so a failure prints its log.)
 test-roles: venv roles-deps
 	@logs=$$(mktemp -d "$${TMPDIR:-/tmp}/hostlock-roles.XXXXXX"); trap 'rm -rf "$$logs"' EXIT; \
-	for role in $(ROLES); do \
-	  echo "make test-roles: molecule test for hostlock.core.$$role (log: $$logs/$$role.log)"; \
-	  (cd roles/$$role && ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1 \
+	for dir in $(ROLE_DIRS); do role=$${dir##*/}; \
+	  echo "make test-roles: molecule test for $$dir (log: $$logs/$$role.log)"; \
+	  (cd $$dir && ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_HOME)/$$role \
+	   $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1 \
 	   && echo 0 >"$$logs/$$role.rc" || echo $$? >"$$logs/$$role.rc") & \
 	done; \
 	wait; failed=""; \
-	for role in $(ROLES); do \
+	for dir in $(ROLE_DIRS); do role=$${dir##*/}; \
 	  rc=$$(cat "$$logs/$$role.rc"); \
 	  if [[ $$rc != 0 ]]; then failed="$$failed $$role"; cat "$$logs/$$role.log"; fi; \
-	  echo "make test-roles: hostlock.core.$$role: $$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
+	  echo "make test-roles: $$dir: $$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
 	  grep -E '^default (>|➜) [a-z_]+: Executed' "$$logs/$$role.log" | sed 's/^/  /' || true; \
 	done; \
 	[[ -z "$$failed" ]] || { echo "make test-roles: failed:$$failed"; exit 1; }
 
 molecule: venv roles-deps
-	cd roles/$(ROLE) && $(MOLECULE) $(CMD) $(MOLECULE_ARGS)
+	cd $(or $(filter %/$(ROLE),$(ROLE_DIRS)),roles/$(ROLE)) && MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_HOME)/$(ROLE) \
+	  $(MOLECULE) $(CMD) $(MOLECULE_ARGS)
 
 lint-roles: venv roles-collection
 	ANSIBLE_COLLECTIONS_PATH=$(abspath $(ROLES_COLLECTIONS)) \

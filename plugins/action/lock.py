@@ -15,24 +15,32 @@ from __future__ import annotations
 
 import typing as t
 
+from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 from ansible.plugins.action import ActionBase
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError
-from ansible_collections.hostlock.core.plugins.modules.lock import (
-    ARGUMENT_SPEC,
-    MUTUALLY_EXCLUSIVE,
-    REQUIRED_IF,
-    params_error,
+from ansible_collections.hostlock.core.plugins.module_utils import _messages, _turns
+from ansible_collections.hostlock.core.plugins.module_utils._argspec import (
+    LOCK,
+    LOCK_MUTUALLY_EXCLUSIVE,
+    coerced_option,
+    lock_params_error,
+    on_controller,
 )
+from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _heartbeat, _hostlease
-from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
+from ansible_collections.hostlock.core.plugins.plugin_utils._controller import (
+    in_with_lock,
+    included_by,
+    task_label,
+    turns,
+)
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
     LOCAL_TRANSPORTS,
     controller_process,
     run_marker,
 )
 
-LOCK_MODULE = "hostlock.core.lock"
+LOCK_MODULE = _hostlease.LOCK_MODULE  # the host's side, plugins/modules/lock_host.py
 
 
 class ActionModule(ActionBase):
@@ -41,8 +49,25 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def run(self, tmp: t.Any = None, task_vars: dict | None = None) -> dict:
+        result = self._run(tmp, task_vars)
+        if not in_with_lock(self._task):
+            return result
+        # The with_lock role's own tasks: its user never sees them, only their outcome.
+        if result.get("token"):
+            result["_ansible_no_log"] = True  # the lease's secret: shown nowhere, kept in what the role registers
+        elif result.get("failed"):
+            where, origin = included_by(self._task)
+            msg = str(result.get("msg") or "the lock was not taken")
+            tail = "" if "nothing ran" in msg else "; nothing ran under it"
+            raise AnsibleActionFail(f"{msg}{tail}{where}", obj=origin)
+        return result
+
+    def _run(self, tmp: t.Any, task_vars: dict | None) -> dict:
         result = super().run(tmp, task_vars)
         del tmp
+        coerced = coerced_option(self._task.args)
+        if coerced:
+            return dict(result, failed=True, msg=f"hostlock.core.lock: {_messages.coerced(*coerced)}")
         fleet = _fleet.fleet_of(self._task.args)
         if fleet and self._task.args.get("path"):
             return dict(result, failed=True, msg=f"lock {self._task.args.get('path')}: path (a kernel lock on a file "
@@ -56,17 +81,26 @@ class ActionModule(ActionBase):
         args = _fleet.host_args(self._task.args)
         releasing = args.get("state", "acquired") == "released"
         if not releasing and not args.get("token"):
-            # the run marker lets the host refuse at once a wait on a lock this same run holds
-            args["label"] = f"{args.get('label') or task_label(self._task, task_vars)} {run_marker()}"
+            # the run marker lets the host refuse at once a wait on a lock this same run holds, and the host marker
+            # lets it wait for another inventory host of the run on the same machine where the strategy allows it
+            host = (task_vars or {}).get("inventory_hostname") or ""
+            args["label"] = (f"{args.get('label') or task_label(self._task, task_vars)} {run_marker()} "
+                             f"{_turns.host_marker(host)}")
+            args["turns"] = turns(self._task, task_vars or {})
             if getattr(self._connection, "transport", None) in LOCAL_TRANSPORTS:
                 # the host is this machine: the wait watches the run's process itself (a SIGKILLed
                 # ansible-playbook leaves its worker, and so the module's stdout, alive)
                 args["controller"] = controller_process()
         token = args.get("token")
+        beating = False
         if releasing and isinstance(token, str) and not self._task.check_mode:
             # stop renewing first: a renewal racing the release could only fail, but why send it
-            _heartbeat.stop(token)
+            beating = _heartbeat.stop(token)
         result.update(self._execute_module(module_name=LOCK_MODULE, module_args=args, task_vars=task_vars))
+        if beating and result.get("changed") and _own_run(result.get("released") or []):
+            # this run's own heartbeat lease: it would have ended with the run anyway, so the host is left as the
+            # run found it (docs/ansible.md, "When a lock task reports changed")
+            result["changed"] = False
         info = result.get("hostlock") or {}
         if info.get("event") == "acquired" and boolean(args.get("heartbeat"), strict=False) and result.get("token"):
             try:
@@ -87,11 +121,9 @@ class ActionModule(ActionBase):
 
     def _run_fleet(self, fleet: str, task_vars: dict | None) -> dict:
         """The lease as an etcd lease, taken and released here on the controller: one clear line on failure."""
-        _validation, p = self.validate_argument_spec(
-            ARGUMENT_SPEC, required_if=REQUIRED_IF, mutually_exclusive=MUTUALLY_EXCLUSIVE
-        )
+        _validation, p = self.validate_argument_spec(on_controller(LOCK), mutually_exclusive=LOCK_MUTUALLY_EXCLUSIVE)
         name = p["name"]
-        error = params_error(p)
+        error = lock_params_error(p)
         if error is None and p["directory"]:
             error = _fleet.DIRECTORY_CONFLICT
         if error:
@@ -114,3 +146,9 @@ class ActionModule(ActionBase):
     def _start_heartbeat(self, args: dict, result: dict, task_vars: dict) -> dict:
         """Renew the lease from the control node until its release or the end of this run."""
         return _hostlease.start_heartbeat(self, args, result, task_vars)
+
+
+def _own_run(released: list) -> bool:
+    """Whether every released holder is a lease this run took (its label carries this run's marker)."""
+    marker = run_marker()
+    return all(marker in str(h.get("label") or "") for h in released if isinstance(h, dict))

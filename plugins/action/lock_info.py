@@ -11,11 +11,11 @@ from __future__ import annotations
 import typing as t
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.hostlock.core.plugins.module_utils import _messages
+from ansible_collections.hostlock.core.plugins.module_utils._argspec import LOCK_INFO, coerced_option, on_controller
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, list_locks, status
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.metrics import with_figures
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet
-
-ARGUMENT_SPEC = dict(name=dict(type="str"), directory=dict(type="path"), fleet=dict(type="str"))
 
 
 class ActionModule(ActionBase):
@@ -26,6 +26,9 @@ class ActionModule(ActionBase):
     def run(self, tmp: t.Any = None, task_vars: dict | None = None) -> dict:
         result = super().run(tmp, task_vars)
         del tmp
+        coerced = coerced_option(self._task.args)
+        if coerced:
+            return dict(result, failed=True, msg=f"hostlock.core.lock_info: {_messages.coerced(*coerced)}")
         fleet = _fleet.fleet_of(self._task.args)
         if not fleet:
             args = _fleet.host_args(self._task.args)
@@ -33,7 +36,7 @@ class ActionModule(ActionBase):
                                                task_vars=task_vars))
             self._remove_tmp_path(self._connection._shell.tmpdir)
             return result
-        _validation, p = self.validate_argument_spec(ARGUMENT_SPEC)
+        _validation, p = self.validate_argument_spec(on_controller(LOCK_INFO))
         if p["directory"]:
             return dict(result, failed=True, msg=f"lock_info: {_fleet.DIRECTORY_CONFLICT}")
         try:

@@ -22,12 +22,19 @@ import typing as t
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.hostlock.core.plugins.module_utils import _messages
+from ansible_collections.hostlock.core.plugins.module_utils._argspec import (
+    LOCKED,
+    MUTUALLY_EXCLUSIVE,
+    REQUIRED_ONE_OF,
+    coerced_option,
+    on_controller,
+)
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
     RESULT_KEY,
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
-from ansible_collections.hostlock.core.plugins.modules.locked import LOCK_OPTIONS, MUTUALLY_EXCLUSIVE, REQUIRED_ONE_OF
 from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _hostcode, _hostlease
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
@@ -36,7 +43,9 @@ from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
     run_marker,
 )
 
+# The task's name in messages; the module it runs on the host is the internal one (plugins/modules/locked_host.py).
 LOCKED_MODULE = "hostlock.core.locked"
+HOST_MODULE = _hostlease.LOCKED_MODULE
 
 # Task keywords that look like modules but are run by the strategy on the controller: there is
 # nothing to run on the host while holding the lock.
@@ -84,19 +93,12 @@ RAW = frozenset(("ansible.builtin.raw", "ansible.legacy.raw"))
 
 # What to do instead, for tasks that run on the controller only (nothing to lock on the host).
 BLOCK_HINT = (
-    "Put it in a block under one lock: hostlock.core.lock with heartbeat: true at the top of the block, "
-    "state: released in its always:, and environment: \"{{ REGISTERED.environment | default({}) }}\" on the "
-    "block (docs/ansible.md, 'Several tasks'): the lock then lives as long as the block's work."
+    "Put it in a tasks file and include the hostlock.core.with_lock role with with_lock_tasks: FILE (docs/ansible.md, "
+    "'Several tasks'): the lock then lives as long as the file's work."
 )
 
-# The module's lock options (one home: plugins/modules/locked.py), as a task writes them.
-ARGUMENT_SPEC = dict(
-    LOCK_OPTIONS,
-    # a file on the managed host (flock(1)'s lock on it): str, the module expands it there
-    path=dict(type="str"),
-    # as written in the task ({MODULE: ARGS} or {module: M, args: A}): split_task reads either for the module
-    task=dict(type="dict", required=True),
-)
+# The task's options (one home: module_utils/_argspec.py), checked here; paths are the host's, expanded there.
+ARGUMENT_SPEC = on_controller(LOCKED)
 # What the wrapped module finds in its environment under a fleet lock (as `hostlock run --fleet` jobs do).
 FENCE_ENV = "HOSTLOCK_FENCE"
 
@@ -140,6 +142,9 @@ class ActionModule(ActionBase):
     _supports_async = False
 
     def run(self, tmp: t.Any = None, task_vars: dict | None = None) -> dict:
+        coerced = coerced_option(self._task.args)
+        if coerced:
+            raise AnsibleActionFail(f"{LOCKED_MODULE}: {_messages.coerced(*coerced)}")
         self._check_shape()
         result = super().run(tmp, task_vars)
         del tmp
@@ -196,7 +201,7 @@ class ActionModule(ActionBase):
             payload=base64.b64encode(bits.b_module_data).decode("ascii"),
         )
         result.update(_hostcode.run_with(
-            lambda a: self._execute_module(module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),
+            lambda a: self._execute_module(module_name=HOST_MODULE, module_args=a, task_vars=task_vars),
             locked_args, _hostcode.key(self, bits.shebang, task_vars), RESULT_KEY,
         ))
         self._remove_tmp_path(self._connection._shell.tmpdir)
@@ -237,7 +242,7 @@ class ActionModule(ActionBase):
             name, collection_list=collections
         )
         fqcn = ctx.resolved_fqcn if ctx.resolved else name
-        if fqcn in NOT_WRAPPABLE or fqcn == LOCKED_MODULE:
+        if fqcn in NOT_WRAPPABLE or fqcn in (LOCKED_MODULE, HOST_MODULE):
             raise AnsibleActionFail(
                 f"hostlock.core.locked: {fqcn} runs on the controller, not as one step on the host, so it cannot be "
                 f"wrapped. {BLOCK_HINT}"
@@ -278,7 +283,7 @@ class ActionModule(ActionBase):
             blockers = _fleet.own_blockers(holders, run_marker(), args["mode"], args["slots"])
             if blockers:
                 info.update(event="self", holders=blockers)
-                return self._refused(_fleet.self_wait_msg(name, blockers) + f"; {fqcn} did not run", args, info)
+                return self._refused(_messages.did_not_run(_fleet.self_wait_msg(name, blockers), fqcn), args, info)
             lock = _fleet.fleet_lock(name, fleet, args, label, on_lost=lambda *_a: lost.append(time.time()))
             started = time.monotonic()
             try:
@@ -287,7 +292,7 @@ class ActionModule(ActionBase):
                 waited = round(time.monotonic() - started, 3)
                 holders = [h.as_dict() for h in e.holders]
                 info.update(event="conflict", holders=holders, waited=waited)
-                msg = _fleet.conflict_msg(name, info["path"], fleet, waited, holders) + f"; {fqcn} did not run"
+                msg = _messages.did_not_run(_fleet.conflict_msg(name, info["path"], fleet, waited, holders), fqcn)
                 return self._refused(msg, args, info)
         except (HostlockError, ValueError) as e:
             return dict(failed=True, msg=f"lock {name}: {_fleet.one_line(e)}", **{RESULT_KEY: info})
@@ -346,7 +351,6 @@ class ActionModule(ActionBase):
         # raw takes no environment (it would only warn): its command is not marked as in-flight work
         lease = _hostlease.TaskLease(self, lock_args, locked_args, task_vars, mark=fqcn not in RAW)
         handler = self._wrapped_handler(fqcn, module_args, {})
-        held_from = time.monotonic()
         came_to_its_end = False  # else (the task's `timeout:`, a broken connection, an error) its work may run on
         try:
             if fqcn in FOLDED:  # its first step on the host is a module run: the lease is taken with it
@@ -362,8 +366,7 @@ class ActionModule(ActionBase):
             info.update(directory=lock_info.get("directory", got.get("directory")), waited=lock_info.get("waited", 0.0),
                         event=lock_info.get("event"), holders=lock_info.get("holders", got.get("holders", [])))
             shown = args["name"] or args["path"]
-            return self._refused(f"{got.get('msg') or 'lock ' + str(shown) + ' not taken'}; {fqcn} did not run",
-                                 args, info)
+            return self._refused(_messages.did_not_run(got.get("msg") or f"lock {shown} not taken", fqcn), args, info)
         finally:
             lease.detach()
             taken = bool(lease.token)
@@ -376,7 +379,8 @@ class ActionModule(ActionBase):
         if lease.checked:
             info.update(event="check", free=lock_info.get("free"), holders=lock_info.get("holders", []))
         elif taken:
-            info.update(event="locked", taken=True, released=released, held=round(time.monotonic() - held_from, 3))
+            # from when the host had the lease (the wait left out) to after its release
+            info.update(event="locked", taken=True, released=released, held=lease.held())
             if not released:
                 self._display.warning(f"lock {args['name'] or args['path']}: could not release the lease after "
                                       f"{fqcn} ({lease.release_error}); it ends when its heartbeat stops")

@@ -523,6 +523,7 @@ def run_leased(
     Raises as run_locked before anything runs.
     """
     waited = acquire(take, timeout, holders_of, marker, controller=controller)
+    held_from = time.monotonic()
     token = take.token or ""
     environment = _lease.in_flight_environment(token)
     os.environ.update(environment)
@@ -533,8 +534,9 @@ def run_leased(
         raise
     if controller_gone(controller=controller):
         take.release()
-    result["hostlock"] = dict(waited=waited, token=token, lease=take.lease, environment=environment,
-                              directory=take.directory, interpreter=sys.executable)
+    # held: so far, by this host's clock (the controller adds its part, up to the release)
+    result["hostlock"] = dict(waited=waited, held=round(time.monotonic() - held_from, 3), token=token, lease=take.lease,
+                              environment=environment, directory=take.directory, interpreter=sys.executable)
     return result
 
 

@@ -19,13 +19,22 @@ from ._common import RESULT_KEY, describe_holders, live_holders, would_acquire
 from .hostlock.core.errors import HostlockError, TokenError
 
 
+def held_for(holder: dict | None) -> dict:
+    """{"held": seconds} a released lease was held, from when it was taken (its wait left out) to now; {} when its
+    record does not say when it was taken. Both ends are read by one clock: the host's for a host lease."""
+    taken = (holder or {}).get("acquired_at")
+    if not isinstance(taken, (int, float)) or isinstance(taken, bool):
+        return {}
+    return dict(held=round(max(0.0, time.time() - taken), 3))
+
+
 class LockTask:
     """One lock task: its parameters, the lock's holders, and the result it builds."""
 
     # How messages name the lock ("lock deploy", "fleet lock deploy").
     what = "lock"
     # The result's hostlock.* keys (for the serialize callback's recap) besides name, event and waited.
-    report_keys: tuple = ("token_id", "lease_expires")
+    report_keys: tuple = ("token_id", "lease_expires", "held")
     # A renewal's message, and the word for what breaking a lock did to its holders.
     renewed_msg = "renewed the lease on {name} until {until}"
     broke_verb = "ended"
@@ -98,6 +107,11 @@ class LockTask:
         return ", or force=true to break the lock"
 
     # -- the steps both share ------------------------------------------------------------------------
+    def lasting(self) -> bool:
+        """Whether a lease taken now may outlive this run (and so changes the host): every lease but a heartbeat
+        lease, which ends with the run at the latest. docs/ansible.md, "When a lock task reports changed"."""
+        return not self.p.get("heartbeat")
+
     def token_id(self) -> str:
         # A host token is "<token_id>.<secret>": the id is public, shown in holder records.
         return (self.p["token"] or "").partition(".")[0]
@@ -121,7 +135,8 @@ class LockTask:
             return self.renew()
         if self.check_mode:
             if would_acquire(self.holders, p["mode"], p["slots"]):
-                return self.result("check", True, f"{self.what} {self.name} is free: a real run takes it", free=True)
+                return self.result("check", self.lasting(), f"{self.what} {self.name} is free: a real run takes it",
+                                   free=True)
             wait = f"up to {p['timeout']}s" if p["timeout"] is not None else "until it is released"
             busy = describe_holders(live_holders(self.holders))
             return self.result("check", False, f"{self.what} {self.name} is held by {busy}: a real run would wait "
@@ -174,10 +189,10 @@ class LockTask:
                    "environment still run here, and the lock is held until they end")
             self.warn(msg)
             return self.result("released", True, msg, released=[mine] if mine else [], token_id=token_id,
-                               in_flight=leftover)
+                               in_flight=leftover, **held_for(mine))
         self.released(token_id)
         return self.result("released", True, f"released {self.what} {self.name}", released=[mine] if mine else [],
-                           token_id=token_id)
+                           token_id=token_id, **held_for(mine))
 
     def break_lock(self) -> dict:
         live = live_holders(self.holders)

@@ -24,23 +24,17 @@ options:
     type: str
   directory:
     description:
-      - The lock directory on the host. Defaults to C($HOSTLOCK_DIR), else C(/run/hostlock)
-        when usable, else a per-user runtime directory; RV(directory) says which was used.
-      - Absolute (or starting with C(~)). One given that does not exist fails the task, rather than report
-        every lock in it free.
-    type: path
+      - The lock directory to read (see O(hostlock.core.lock#module:directory)); RV(directory) says which was read.
+        One that does not exist fails the task, rather than report every lock in it free.
   fleet:
     description:
-      - Report fleet locks in etcd instead of the host's locks, for example V(etcd://10.0.0.5:2379) (see
-        O(hostlock.core.locked#module:fleet) for the URL). The controller reads etcd; the host is not
-        contacted.
-      - Defaults to E(HOSTLOCK_FLEET) in the B(controller's) environment; V('') means host locks even when
-        E(HOSTLOCK_FLEET) is set.
-      - Each entry has the same shape as for host locks (the engine's C(hostlock status --json)), with
-        V(etcd) as its RV(locks[].mechanism), the etcd key prefix as its RV(locks[].path), and each
-        holder's V(fence); RV(fleet) replaces RV(directory). O(directory) does not apply.
-    type: str
+      - Read fleet locks in etcd instead of the host's locks, for example V(etcd://10.0.0.5:2379); the controller
+        reads etcd and the host is not contacted. Defaults to E(HOSTLOCK_FLEET) in the controller's environment;
+        V('') reads host locks even when it is set.
+      - Each entry has the shape of a host lock's, with V(etcd) as its RV(locks[].mechanism), the etcd key prefix
+        as its RV(locks[].path) and each holder's V(fence); RV(fleet) replaces RV(directory).
 extends_documentation_fragment:
+  - hostlock.core.lock.where
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 attributes:
@@ -274,6 +268,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 # First: the engine below is then compiled once, not twice, from the AnsiballZ zip (see _zipimport).
 from ansible_collections.hostlock.core.plugins.module_utils import _zipimport  # noqa: F401  # pylint: disable=unused-import
+from ansible_collections.hostlock.core.plugins.module_utils._argspec import LOCK_INFO
 from ansible_collections.hostlock.core.plugins.module_utils._common import directory_params_error
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
@@ -294,7 +289,7 @@ def collect(name: str | None, directory: str | None) -> dict:
 def main() -> None:
     module = AnsibleModule(
         # fleet is handled by the action on the controller (plugin_utils/_fleet.py); never sent to the host
-        argument_spec=dict(name=dict(type="str"), directory=dict(type="path"), fleet=dict(type="str")),
+        argument_spec=LOCK_INFO,
         supports_check_mode=True,
     )
     if module.params["fleet"]:

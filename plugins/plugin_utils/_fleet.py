@@ -15,6 +15,7 @@ import os
 import time
 import typing as t
 
+from ansible_collections.hostlock.core.plugins.module_utils import _messages
 from ansible_collections.hostlock.core.plugins.module_utils._common import (
     describe_holders,
     live_holders,
@@ -116,21 +117,19 @@ class Refused(Exception):
 
 
 def self_wait_msg(name: str, blockers: list) -> str:
-    return (f"fleet lock {name} is held by this same playbook run ({describe_holders(blockers)}): a run never "
-            "waits for itself. For a lock shared by the play's hosts take it once (run_once: true), or per host "
-            "with different names, or use slots")
+    return _messages.same_run("fleet lock", name, blockers, _messages.FLEET_SHARED)
 
 
 def conflict_msg(name: str, path: str, fleet: str, waited: float, holders: list) -> str:
-    return (f"fleet lock {name} ({path}) is still held after {waited}s by {describe_holders(live_holders(holders))} "
-            f"(see: hostlock status --fleet {fleet} {name})")
+    return _messages.still_held("fleet lock", name, waited, holders, f"hostlock status --fleet {fleet} {name}",
+                                where=f" ({path})")
 
 
 class Lease(LockTask):
     """hostlock.core.lock with `fleet`: an etcd lease with TTL = the lease, held by nobody (no helper process)."""
 
     what = "fleet lock"
-    report_keys = ("token_id", "lease_expires", "fence")
+    report_keys = ("token_id", "lease_expires", "fence", "held")
     renewed_msg = "renewed the lease on fleet lock {name} until {until}"
     broke_verb = "revoked"
 

@@ -16,13 +16,16 @@ from __future__ import annotations
 import base64
 import os
 import shlex
+import time
 import typing as t
 
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY
 from ansible_collections.hostlock.core.plugins.plugin_utils import _engine_call, _heartbeat, _hostcode
 
-LOCK_MODULE = "hostlock.core.lock"
-LOCKED_MODULE = "hostlock.core.locked"
+# The modules the actions run on the host (internal: users write hostlock.core.lock and hostlock.core.locked,
+# whose actions set the options only they know, such as the wrapped module's payload).
+LOCK_MODULE = "hostlock.core.lock_host"
+LOCKED_MODULE = "hostlock.core.locked_host"
 
 
 def start_heartbeat(action: t.Any, args: dict, result: dict, task_vars: dict) -> dict:
@@ -104,6 +107,8 @@ class TaskLease:
         self._busy = 0  # inside a housekeeping step or our own take: commands pass through
         self.deferred: list = []  # the task's temporary directories' removal, run with the release
         self.code_key: str | None = None  # where the first step ran: the host's compiled engine (_hostcode)
+        self.answered_at: float | None = None  # when the host answered the take (monotonic)
+        self.ended_at: float | None = None  # when the release was answered
 
     @property
     def token(self) -> str | None:
@@ -225,6 +230,7 @@ class TaskLease:
                         lambda a: orig_module(act, module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),
                         args, self.code_key, RESULT_KEY,
                     )
+                    self.answered_at = time.monotonic()
                     self._taken(result, bits.shebang)
                     return result
         finally:
@@ -256,6 +262,7 @@ class TaskLease:
             got = a._execute_module(module_name=LOCK_MODULE, module_args=self.lock_args, task_vars=self.task_vars)
         finally:
             self._busy -= 1
+        self.answered_at = time.monotonic()
         info = got.get(RESULT_KEY) or {}
         self.info = dict(info, waited=info.get("waited", 0.0))
         if a._task.check_mode:
@@ -279,6 +286,15 @@ class TaskLease:
             raise NotTaken(dict(failed=True, msg=f"cannot start the lease's heartbeat on the control node ({e})",
                                 **{RESULT_KEY: dict(self.info, event="error")})) from None
 
+    def held(self) -> float:
+        """Seconds the lease was held: on the host from its take to the end of the step that took it (no wait in it:
+        the host measures from when it had the lease), then here from that answer to the release's. Two intervals,
+        each on one clock, so a host's clock that differs from ours changes nothing."""
+        if self.answered_at is None:
+            return 0.0
+        on_host = float(self.info.get("held") or 0.0)
+        return round(on_host + max(0.0, (self.ended_at or time.monotonic()) - self.answered_at), 3)
+
     def end(self, expire: bool = False) -> bool:
         """Release the lease (stop its heartbeat first); whether the host said it is released.
 
@@ -290,6 +306,12 @@ class TaskLease:
         token = self.got.pop("token", None)
         if not token:
             return True
+        try:
+            return self._release(token, expire)
+        finally:
+            self.ended_at = time.monotonic()
+
+    def _release(self, token: str, expire: bool) -> bool:
         _heartbeat.stop(token)
         which = {k: self.lock_args[k] for k in ("name", "path") if self.lock_args.get(k)}
         deferred, self.deferred = self.deferred, []

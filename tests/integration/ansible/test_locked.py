@@ -64,7 +64,7 @@ def test_locked_wraps_and_releases(ansible, engine, target):
     assert no_lease["_status"] == "ok" and no_lease["hostlock"]["released"], no_lease
     keyword = r["Wrap a controller-side keyword"]
     assert keyword["_status"] == "failed" and "cannot be wrapped" in keyword["msg"], keyword
-    assert "heartbeat: true" in keyword["msg"], keyword
+    assert "hostlock.core.with_lock" in keyword["msg"] and "with_lock_tasks" in keyword["msg"], keyword
     assert not r["Read the lock at the end"]["locks"][0]["holders"]
     assert not [h for h in engine.holders("wrapped", directory=str(ansible.lockdir)) if not h.stale]
 

@@ -9,8 +9,10 @@ and over the harness's sshd; every wait is on an event (gate files, lock records
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,156 @@ def test_bad_input_fails_before_anything_runs_and_takes_no_lock(ansible, engine,
     assert "Traceback" not in run.out
     assert not events.exists(), "work ran despite the bad input"
     assert not _live(engine, ansible, "bad")
+
+
+# Two inventory hosts of one run that are one machine (issue 40 item 6): each host's work logs "in HOST T" and
+# "out HOST T"; the lock directory is the same, so the hosts share the lock.
+ONE_MACHINE = """\
+- name: Two inventory names, one machine
+  hosts: "{{ hosts_ }}"
+  gather_facts: false
+  strategy: "{{ strategy_ }}"
+  tasks:
+    - name: Work under the lock
+      ansible.builtin.include_role:
+        name: hostlock.core.with_lock
+      vars:
+        with_lock_name: one-machine
+        with_lock_directory: "{{ lockdir }}"
+        with_lock_timeout: 10m
+        with_lock_tasks: "{{ workdir }}/one-machine-steps.yml"
+"""
+ONE_MACHINE_STEPS = """\
+- name: Work of one host
+  ansible.builtin.shell: >-
+    echo "in {{ inventory_hostname }} $(date +%s.%N)" >> {{ workdir }}/one-machine.events;
+    sleep 0.5; echo "out {{ inventory_hostname }} $(date +%s.%N)" >> {{ workdir }}/one-machine.events
+  changed_when: false
+"""
+
+
+def _one_machine(ansible, hosts: str, strategy: str, *args: str):
+    (ansible.work / "one-machine.yml").write_text(ONE_MACHINE)
+    (ansible.work / "one-machine-steps.yml").write_text(ONE_MACHINE_STEPS)
+    started = time.monotonic()
+    run = ansible.play(str(ansible.work / "one-machine.yml"), *args,
+                       extra_vars=dict(hosts_=hosts, strategy_=strategy))
+    events = ansible.work / "one-machine.events"
+    lines = [line.split() for line in events.read_text().splitlines()] if events.exists() else []
+    return run, [(w, h, float(t)) for w, h, t in lines], time.monotonic() - started
+
+
+def _take(run) -> dict:
+    """{host: result} of the role's take (its task name carries the role's prefix)."""
+    (found,) = [hosts for task, hosts in run.results().items() if task.endswith("Take the lock one-machine")]
+    return found
+
+
+@pytest.mark.parametrize("strategy", ["free", "host_pinned"])
+@pytest.mark.parametrize("hosts", ["loc:loc2", "loc:ssh1"])
+def test_hosts_of_one_machine_take_turns_where_the_strategy_lets_them(ansible, engine, hosts, strategy):
+    """with_lock failed one of them at once ("held by this same playbook run") where locked took turns."""
+    run, events, _took = _one_machine(ansible, hosts, strategy)
+    assert run.rc == 0, run.out
+    assert sorted(h for w, h, _t in events if w == "in") == sorted(hosts.split(":")), events
+    first, second = events[:2], events[2:]
+    assert [w for w, _h, _t in events] == ["in", "out", "in", "out"], events
+    assert first[0][1] == first[1][1] and second[0][1] == second[1][1]
+    assert second[0][2] >= first[1][2], f"the second host's work overlapped the first's: {events}"
+    assert not _live(engine, ansible, "one-machine")
+
+
+@pytest.mark.parametrize("hosts", ["loc:loc2", "loc:ssh1"])
+def test_under_linear_the_waiting_host_is_refused_at_once_naming_what_works(ansible, engine, hosts):
+    """linear runs no host's next task before every host has finished this one: the holder could never release
+    the lock while the other waited. The waiter is refused before it runs anything, long before its 10m timeout,
+    with the settings that work, and nothing that does not apply (run_once is for a delegated lock)."""
+    run, events, took = _one_machine(ansible, hosts, "linear")
+    assert run.rc == 2, run.out
+    r = _take(run)
+    (refused,) = [h for h, res in r.items() if res["_status"] == "failed"]
+    (holder,) = [h for h, res in r.items() if res["_status"] == "ok"]
+    msg = r[refused]["msg"]
+    assert f"held by host {holder} of this same playbook run" in msg, msg
+    for works in ("serial: 1", "strategy: free", "hostlock.core.locked"):
+        assert works in msg, msg
+    assert "run_once" not in msg and "timeout" not in msg, msg
+    assert "included by task 'Work under the lock'" in msg, msg
+    assert [h for _w, h, _t in events] == [holder, holder], events  # nothing ran on the refused host
+    assert took < 300, took  # refused at once, not at the timeout
+    assert not _live(engine, ansible, "one-machine")
+
+
+def test_free_with_fewer_forks_than_waiting_hosts_is_refused_with_the_forks_it_needs(ansible, engine):
+    """Under free, waiting hosts that take every fork would leave the holder none for its release."""
+    run, events, _took = _one_machine(ansible, "loc:loc2", "free", "--forks", "1")
+    assert run.rc == 2, run.out
+    failed = [res for res in _take(run).values() if res["_status"] == "failed"]
+    assert len(failed) == 1 and "forks 2 or more" in failed[0]["msg"] and "serial: 1" in failed[0]["msg"], failed
+    assert len(events) == 2, events
+    assert not _live(engine, ansible, "one-machine")
+
+
+TYPO = """\
+- name: with_lock as written
+  hosts: loc
+  gather_facts: false
+  tasks:
+    - name: Deploy under the lock
+      ansible.builtin.include_role:
+        name: hostlock.core.with_lock
+      vars:
+        with_lock_name: {name}
+        with_lock_directory: "{{{{ lockdir }}}}"
+        with_lock_tasks: "{{{{ workdir }}}}/typo-steps.yml"
+        {extra}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "says"),
+    [
+        ("typo", "with_lock_timout: 1s", "unknown variable with_lock_timout (with_lock takes"),
+        ("yes", "with_lock_timeout: 1s", "with_lock_name is the boolean true, not a name"),
+        ("0755", "with_lock_timeout: 1s", "with_lock_name is the number 493, not a name"),
+    ],
+    ids=["misspelt-variable", "boolean-name", "number-name"],
+)
+def test_a_misspelt_variable_or_a_coerced_name_is_named_and_nothing_runs(ansible, engine, name, extra, says):
+    """issue 40 item 5: with_lock_timout: 1s was ignored (the lock waited for without end); name: yes locked "True"."""
+    (ansible.work / "typo.yml").write_text(TYPO.format(name=name, extra=extra))
+    (ansible.work / "typo-steps.yml").write_text(
+        "- name: Step\n  ansible.builtin.file:\n    path: '{{ workdir }}/typo-ran'\n"
+        "    state: touch\n    mode: '0644'\n")
+    run = ansible.play(str(ansible.work / "typo.yml"))
+    assert run.rc == 2 and says in run.out, run.out
+    assert "Traceback" not in run.out
+    assert not (ansible.work / "typo-ran").exists()
+    for lock in ("typo", "True", "493", "yes"):
+        assert not _live(engine, ansible, lock)
+
+
+def test_a_failure_inside_with_lock_shows_its_reason_and_the_users_task_never_the_token(ansible, engine, tmp_path):
+    """It showed `fatal: ... "censored"` with an Origin inside the collection. Now: the one-line reason, the task
+    that includes the role, and (-v) no token anywhere in the output, for a failed and a successful take."""
+    lock, gate, held = "reason", tmp_path / "gate", tmp_path / "held"
+    holder = subprocess.Popen([*hostlock_cli(), "run", "-d", str(ansible.lockdir), lock, "sh", "-c",
+                               f"touch {held}; while [ ! -e {gate} ]; do sleep 0.02; done"])
+    try:
+        _wait_for(held.exists, "the host job to hold the lock")
+        busy = ansible.play("with_lock.yml", "-v", timeout=120, extra_vars=dict(
+            target="loc", lock=lock, events=str(tmp_path / "events"), gate=str(tmp_path / "unused"), timeout=0))
+    finally:
+        gate.touch()
+        holder.wait(timeout=60)
+    assert busy.rc == 2, busy.out
+    assert "censored" not in busy.out, busy.out
+    assert f"lock {lock} in {ansible.lockdir} is still held after" in busy.out, busy.out
+    assert "included by task 'Deploy under the lock' at " in busy.out and "with_lock.yml:" in busy.out, busy.out
+    ok = ansible.play("with_lock.yml", "-v",
+                      extra_vars=dict(target="loc", lock=lock, gate=str(gate), events=str(tmp_path / "events-ok")))
+    assert ok.rc == 0, ok.out
+    for run in (busy, ok):
+        assert not re.search(r"\b[0-9a-f]{12}\.[0-9a-f]{32}\b", run.out), "a lease token in the output"
+        found = re.search(r"HOSTLOCK_LEASE_[0-9a-f]+\W+[0-9a-f]{16,}", run.out)
+        assert not found, f"a lease's mark in the output: {run.out[max(0, found.start() - 600):found.end()]}"

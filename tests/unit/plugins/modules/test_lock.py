@@ -7,7 +7,8 @@ import json
 import pytest
 from ansible.module_utils.testing import patch_module_args
 from ansible_collections.hostlock.core.plugins.module_utils import hostlock
-from ansible_collections.hostlock.core.plugins.modules import lock, lock_info
+from ansible_collections.hostlock.core.plugins.modules import lock_host as lock
+from ansible_collections.hostlock.core.plugins.modules import lock_info
 
 
 def run(module, capsys, **args) -> dict:
