@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible.plugins.loader import callback_loader
-from ansible_collections.hostlock.core.plugins.callback.serialize import lock_name
 from ansible_collections.hostlock.core.plugins.module_utils import hostlock
-
-
-def test_lock_name_is_valid_and_distinct():
-    assert lock_name("ansible-host@", "web1.example.com") == "ansible-host@web1.example.com"
-    odd = [lock_name("ansible-host@", h) for h in ("fe80::1", "fe80__1", "a b", "x" * 200)]
-    for name in odd:
-        hostlock.validate_name(name)
-    assert len(set(odd)) == len(odd), "hosts whose names need changes must not collide"
 
 
 @pytest.fixture
@@ -64,39 +55,6 @@ def test_busy_host_ends_the_run_after_the_timeout(callback, capsys):
             callback._lock_hosts(["w", "x"], "play")
     assert ended.value.code == 75
     assert _held(callback) == [], "a run that gives up holds nothing"
-
-
-def test_leases_left_held_are_tracked(callback):
-    lease = dict(name="deploy", event="acquired", waited=0.5, token_id="aaa", lease_expires=4e9)
-    callback._account("h1", lease)
-    callback._account("h1", dict(lease, token_id="bbb"))
-    callback._account("h1", dict(name="deploy", event="released", waited=0, token_id="aaa"))
-    assert list(callback._leases[("h1", "deploy")]) == ["bbb"]
-    callback._account("h1", dict(name="apt", event="locked", waited=1.0, held=2.0))
-    use = callback._uses[("h1", "apt")]
-    assert use["uses"] == 1 and use["held"] == 2.0 and use["max_waited"] == 1.0
-
-
-def test_bucket_and_host_names_never_collide():
-    from ansible_collections.hostlock.core.plugins.callback.serialize import BUCKETS, bucket_name
-
-    buckets = {bucket_name("ansible-host@", b) for b in range(BUCKETS)}
-    for name in buckets:
-        hostlock.validate_name(name)
-    # a host literally named like a bucket gets a hashed name, never the bucket's
-    assert lock_name("ansible-host@", ".bucket-07") not in buckets
-
-
-def test_plan_stays_within_the_descriptor_budget():
-    from ansible_collections.hostlock.core.plugins.callback.serialize import BUCKETS, plan
-
-    small = plan(["a", "b", "c"], budget=256)
-    assert sorted(small.values()).count("exclusive") == 3  # one per host; the buckets are shared
-    assert all(mode == "shared" for (b, kind, h), mode in small.items() if kind == 0)
-    large = plan([f"h{i}" for i in range(10_000)], budget=256)
-    assert len(large) == BUCKETS and set(large.values()) == {"exclusive"}
-    for bucket, kind, host in small:  # in key order a bucket's lock comes before its hosts' locks
-        assert kind == 0 or (bucket, 0, "") < (bucket, kind, host)
 
 
 def test_a_large_play_and_a_small_play_exclude_each_other(tmp_path, monkeypatch):
