@@ -228,6 +228,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.forks import die_with_this_process
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_handover import Handover
 from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import (
     FLEET_BUDGET,
     Key,
@@ -246,6 +247,18 @@ from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_recap imp
 EXIT_BUSY = EX_TEMPFAIL
 # A run that lost a fleet lock ends with the code `hostlock run --fleet` exits with then (docs/cli.md).
 EXIT_LOST = EX_LOST
+
+
+def _may_outlive(data: dict) -> bool:
+    """Whether a task's result leaves its work possibly running on the host after the controller moved on:
+    an async job not seen to finish (poll: 0, or its poll gave up), or a task the `timeout` keyword ended."""
+    results = data.get("results")
+    items: list = results if isinstance(results, list) else []
+    for item in [data, *items]:
+        if isinstance(item, dict) and (item.get("timedout") or item.get("unreachable") or
+                                       (item.get("ansible_job_id") and not item.get("finished"))):
+            return True
+    return False
 
 
 def _clock() -> str:
@@ -270,6 +283,14 @@ class CallbackModule(CallbackBase):
         self._run_id = uuid.uuid4().hex  # marks this run's tasks on the hosts
         self._planned: set[str] = set()  # scope=playbook: every host of the playbook found so far
         self._recap = Recap()
+        # The in-flight wait, only where it is needed (plugin_utils/_serialize_handover.py): hosts held whose
+        # earlier holder may have left work (no wait has cleared them yet), hosts where this run's own work
+        # may outlive what it saw of it, and the tasks started on each host whose result has not come back.
+        self._handover: Handover | None = None
+        self._fresh: list[Key] = []  # locks taken in this _lock_hosts call, not yet said dirty
+        self._needs_wait: set[str] = set()
+        self._unclean: set[str] = set()
+        self._running: dict[str, set[str]] = {}
         self._lost: list[str] = []  # fleet locks whose etcd lease ended while held (from keep-alive threads)
         self._opt: dict[str, t.Any] = {}  # the checked options (set_options)
 
@@ -343,7 +364,7 @@ class CallbackModule(CallbackBase):
             hosts = sorted(self._planned)
         self._lock_hosts(hosts, play.get_name())
         if self._opt["wait_in_flight"]:
-            self._mark_play(play)
+            self._mark_play(play, hosts)
 
     def _play_hosts(self, play: t.Any) -> list[str]:
         """The hosts this play (this serial batch) will run on, as the strategy will see them."""
@@ -365,14 +386,15 @@ class CallbackModule(CallbackBase):
             # was free: taken without waiting, so out of order is no deadlock, and what we hold stays held; what
             # this play does not want goes, as ever.
             for key in sorted(set(self._held) - set(wanted)):
-                self._release(key)
+                self._release(key, clean=True)
+            self._handed_over(hosts)
             return
         if reorder:
             self._say(f"[{_clock()}] hostlock.core.serialize: {len(missing)} lock(s) of play '{play_name}' sort "
                       f"before {len(reorder)} held since an earlier play and one is busy: releasing those to take "
                       "every lock in order (another run may work on their hosts in between)")
         for key in sorted(set(self._held) - keep):
-            self._release(key)
+            self._release(key, clean=True)
         missing = sorted(set(wanted) - keep)
         timeout = self._timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -394,8 +416,44 @@ class CallbackModule(CallbackBase):
                     lock.close()
                 self._end_run(f"hostlock.core.serialize: cannot lock {what}: {describe_error(e)}", error_exit_code(e))
             self._held[key] = (name, lock, wanted[key], time.monotonic())
+            self._fresh.append(key)
             if key[2] or wanted[key] == "exclusive":  # a shared bucket lock only lets the host locks coexist
                 self._recap.taken(key[2] or name, time.monotonic() - started)
+        self._handed_over(hosts)
+
+    def _handed_over(self, hosts: list[str]) -> None:
+        """For the locks just taken: which hosts need the in-flight wait, and say `dirty` for each before any
+        task runs (the handover entries, plugin_utils/_serialize_handover.py). Only a host lock whose last
+        holder was a run of ours that ended its hold cleanly skips the wait; with a fleet, a large play's
+        bucket locks, or no handover directory, every host waits."""
+        fresh = [key for key in self._fresh if key in self._held]  # a run that gave up released them
+        self._fresh = []
+        if not fresh:
+            return
+        names = {key: self._lock_name(key)[0] for key in fresh}
+        buckets = {key[0] for key in fresh if not key[2] and self._held[key][2] == "exclusive"}  # a large play's
+        self._needs_wait.update(h for h in hosts if bucket_of(h) in buckets)
+        host_keys = [key for key in fresh if key[2]]
+        if self._fleet():
+            self._needs_wait.update(key[2] for key in host_keys)
+            return
+        try:
+            if self._handover is None:
+                self._handover = Handover(self._handover_dir())
+            related: dict[str, tuple[str, ...]] = {
+                names[key]: (bucket_name(self._opt["prefix"], key[0]),) for key in host_keys
+            }
+            clean = self._handover.clean(related)
+            self._display.vvv(f"hostlock.core.serialize: last held by a run that ended cleanly: {sorted(clean)}")
+            self._needs_wait.update(key[2] for key in host_keys if names[key] not in clean)
+            self._handover.taken([names[key] for key in fresh if key[2] or self._held[key][2] == "exclusive"],
+                                 self._run_id)
+        except (HostlockError, OSError) as e:  # HandoverError too: a clean entry of ours we cannot replace
+            self._end_run(f"hostlock.core.serialize: cannot record this run's hold in {self._handover_dir()}: "
+                          f"{describe_error(e)}", error_exit_code(e))
+
+    def _handover_dir(self) -> str:
+        return self._opt["directory"] or default_directory()
 
     def _lock_name(self, key: Key) -> tuple[str, str]:
         """(lock name, how messages name it) of a plan's key."""
@@ -432,6 +490,7 @@ class CallbackModule(CallbackBase):
             if key in self._held:  # the same lock in another mode: ours now in the new one
                 self._release(key)
             self._held[key] = (name, lock, wanted[key], time.monotonic())
+            self._fresh.append(key)
             if key[2] or wanted[key] == "exclusive":
                 self._recap.taken(key[2] or name, 0.0)
         return True
@@ -493,8 +552,17 @@ class CallbackModule(CallbackBase):
         # while the executors' finally blocks still clean up.
         raise _EndRun(code)
 
-    def _release(self, key: Key) -> None:
+    def _release(self, key: Key, clean: bool = False) -> None:
+        """Release one lock. `clean`: the play that held it has ended (a play boundary, the playbook's end);
+        then a host with no task of ours left running there that we know of is handed over clean."""
         name, lock, _mode, taken = self._held.pop(key)
+        host = key[2]
+        if host:
+            if (clean and self._handover is not None and not self._running.get(host)
+                    and host not in self._needs_wait and host not in self._unclean):
+                self._handover.ended_clean(name, self._run_id)  # while the lock is still ours
+            self._needs_wait.discard(host)
+            self._unclean.discard(host)
         try:
             lock.release()
         except HostlockError as e:  # etcd unreachable: the key ends with its lease, within the ttl
@@ -504,13 +572,14 @@ class CallbackModule(CallbackBase):
             lock.close()  # a released Lock keeps its file open: close it, or 10,000 hosts exhaust descriptors
         self._recap.released(key[2] or name, time.monotonic() - taken)
 
-    def _release_all(self) -> None:
+    def _release_all(self, clean: bool = False) -> None:
         for key in sorted(self._held):
-            self._release(key)
+            self._release(key, clean=clean)
 
     # -- in-flight work of earlier runs on the hosts --------------------------------------------------
-    def _mark_play(self, play: t.Any) -> None:
-        mark_play(play, self._scope(), self._run_id, self._timeout())
+    def _mark_play(self, play: t.Any, hosts: list[str]) -> None:
+        waiting = [h for h in hosts if h in self._needs_wait]
+        mark_play(play, self._scope(), self._run_id, self._timeout(), None if len(waiting) == len(hosts) else waiting)
 
     def _scope(self) -> str:
         """Short id of this lock set: the resolved controller lock directory (or the fleet's key prefix) and
@@ -533,6 +602,8 @@ class CallbackModule(CallbackBase):
         host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
         for line in (data.get("stdout") or "").splitlines():  # a command line of the host's: inert here
             self._say(f"[{_clock()}] hostlock.core.serialize: host {host}: {one_line(line)}")
+        if data.get("rc") == 0 and not data.get("failed") and not data.get("skipped"):
+            self._needs_wait.discard(host)  # nothing of an earlier run's is left there
         if data.get("rc") == EXIT_BUSY:
             self._end_run(
                 f"hostlock.core.serialize: host {host} still runs an earlier run's task after the timeout "
@@ -546,8 +617,12 @@ class CallbackModule(CallbackBase):
         data = getattr(result, "result", None)
         if data is None:  # older CallbackTaskResult
             data = result._result
-        self._waited_in_flight(result, data)
         host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
+        task = getattr(result, "task", None) or getattr(result, "_task", None)
+        self._running.get(host, set()).discard(str(getattr(task, "_uuid", "")))
+        if _may_outlive(data):
+            self._unclean.add(host)
+        self._waited_in_flight(result, data)
         self._recap.record(host, data)
 
     def _on_lost(self, name: str) -> None:
@@ -576,6 +651,14 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_handler_task_start(self, task: t.Any) -> None:
         self._check_lost()
 
+    def v2_runner_on_start(self, host: t.Any, task: t.Any) -> None:
+        self._running.setdefault(host.get_name(), set()).add(task._uuid)
+
+    def v2_runner_on_unreachable(self, result: t.Any) -> None:
+        self._record(result)
+        host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
+        self._unclean.add(host)  # the connection failed: what it started there may still run
+
     def v2_runner_on_ok(self, result: t.Any) -> None:
         self._record(result)
 
@@ -587,7 +670,7 @@ class CallbackModule(CallbackBase):
 
     # -- end of the playbook ---------------------------------------------------------------------
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
-        self._release_all()
+        self._release_all(clean=True)  # sent only after the last play ended: every task's result is in
         if self._opt["recap"]:
             for line in self._recap.lines():
                 self._say(line)

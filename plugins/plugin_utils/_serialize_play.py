@@ -9,6 +9,7 @@ an earlier run may have left work on starts with a task that waits for that work
 
 from __future__ import annotations
 
+import json
 import typing as t
 
 from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
@@ -71,8 +72,9 @@ def _with_marker(env: t.Any, marker: dict) -> list:
 
 
 
-def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None) -> None:
-    """Mark this play's tasks with this run and host; start the play by waiting for other runs' marks.
+def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None, wait_on: list[str] | None) -> None:
+    """Mark this play's tasks with this run and host; start the play by waiting for other runs' marks on the
+    hosts `wait_on` names (None: every host of the play; empty: none, and no wait task at all).
 
     The play is post-validated but its iterator is not built yet (TaskQueueManager.run sends the callback's
     v2_playbook_on_play_start first), so a block prepended to pre_tasks becomes the play's first task.
@@ -90,6 +92,8 @@ def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None) -> No
             plays[id(parent)] = parent
     for each in plays.values():
         each.environment = _with_marker(each.environment, marker)
+    if wait_on is not None and not wait_on:
+        return  # every host's last holder ended cleanly: no module run at all
     ticks = -1 if timeout is None else int(timeout * 5)  # the script polls 5 times a second
     block = Block(play=play)
     block.run_once = False
@@ -111,10 +115,15 @@ def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None) -> No
     refusal = ("'hostlock.core.serialize: hostlock_serialize_wait_in_flight must be true or false, not ' ~ "
                "(hostlock_serialize_wait_in_flight | string | truncate(40) | to_json) ~ '; nothing ran on "
                "this host'")
-    task.when = [trust_as_template(
+    when = [trust_as_template(
         f"{value} in {_TRUE_WORDS!r} or ({value} not in {_FALSE_WORDS!r} and "
         f"(hostlock_serialize__never_defined | mandatory(msg={refusal})))"
     )]
+    if wait_on is not None:
+        # Only the hosts whose earlier holder may have left work: the callback's own list, as a literal (a
+        # variable could be overridden by extra vars); inventory_hostname is Ansible's, never the user's.
+        when.insert(0, trust_as_template(f"inventory_hostname in {json.dumps(sorted(wait_on))}"))
+    task.when = when
     task.check_mode = False
     task.tags = ["always"]
     task.set_loader(play._loader)

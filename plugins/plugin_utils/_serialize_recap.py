@@ -33,7 +33,8 @@ class Recap:
 
     def record(self, host: str, data: dict) -> None:
         """Account what a task result of `host` reports about its locks (a loop's items each)."""
-        items = data.get("results") if isinstance(data.get("results"), list) else [data]
+        results = data.get("results")
+        items: list = results if isinstance(results, list) else [data]
         for item in items:
             info = item.get(RESULT_KEY) if isinstance(item, dict) else None
             if isinstance(info, dict) and info.get("name"):

@@ -122,3 +122,18 @@ def test_a_lost_fleet_lock_ends_the_run_before_the_next_task(callback):
     with pytest.raises(SystemExit) as ended:
         callback.v2_playbook_on_task_start(None, False)
     assert ended.value.code == 79
+
+
+@pytest.mark.parametrize("result,outlives", [
+    (dict(rc=0), False),
+    (dict(failed=True, msg="boom"), False),  # the module ended, with a failure
+    (dict(ansible_job_id="j1", started=1, finished=0), True),  # async, poll: 0
+    (dict(ansible_job_id="j1", finished=1, rc=0), False),  # async, polled to its end
+    (dict(failed=True, timedout=dict(period=1)), True),  # the timeout keyword ended it on the controller
+    (dict(unreachable=True), True),
+    (dict(results=[dict(rc=0), dict(ansible_job_id="j2", finished=0)]), True),  # one item of a loop
+])
+def test_a_result_whose_work_may_outlive_it_keeps_the_host_dirty(result, outlives):
+    from ansible_collections.hostlock.core.plugins.callback.serialize import _may_outlive
+
+    assert _may_outlive(result) is outlives
