@@ -227,10 +227,13 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.forks import die_with_this_process
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
+from ansible_collections.hostlock.core.plugins.plugin_utils import _serialize_state
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_config import setting_mistakes
 from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_handover import Handover
 from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import (
     FLEET_BUDGET,
+    OPTIONS,
     Key,
     bucket_name,
     bucket_of,
@@ -293,6 +296,7 @@ class CallbackModule(CallbackBase):
         self._running: dict[str, set[str]] = {}
         self._lost: list[str] = []  # fleet locks whose etcd lease ended while held (from keep-alive threads)
         self._opt: dict[str, t.Any] = {}  # the checked options (set_options)
+        self._reporting = False  # a --check play the callback only reports on
 
     def set_options(self, task_keys: t.Any = None, var_options: t.Any = None, direct: t.Any = None) -> None:
         """Load and check every option now, and end the run here if one cannot be honoured.
@@ -304,9 +308,13 @@ class CallbackModule(CallbackBase):
         try:
             super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
             self._opt = settings(self.get_option)
+            mistakes = setting_mistakes(OPTIONS)
+            if mistakes:  # meant for us, never read: running with the defaults instead would be silent
+                raise ValueError("; ".join(mistakes))
         except Exception as e:  # noqa: BLE001 - any failure to load a setting must stop the run, not skip us
             self._display.error(f"hostlock.core.serialize: {one_line(str(e))}; no play was run")
             raise _EndRun(EX_USAGE) from None
+        _serialize_state.register(self)  # what hostlock.core.serialized asks, in this process only
         # The workers die with this process: SIGKILLed (or OOM-killed), ansible-playbook cannot end them, and
         # one busy on the controller (a slow lookup, a transfer) would start its task on a host after the
         # next run found nothing of this one's there, and began.
@@ -316,6 +324,19 @@ class CallbackModule(CallbackBase):
     # -- output: standard error through Ansible's display; stdout belongs to the stdout callback ----
     def _say(self, msg: str) -> None:
         self._display.display(msg, stderr=True)
+
+    # -- what hostlock.core.serialized asks (plugin_utils/_serialize_state.py) -----------------------
+    def holds(self, host: str) -> str | None:
+        bucket = bucket_of(host)
+        for key in ((bucket, 1, host), (bucket, 0, "")):
+            held = self._held.get(key)
+            if held is not None and held[2] == "exclusive" and held[0] not in self._lost:
+                where = f" in {self._fleet()}" if self._fleet() else ""
+                return f"hostlock.core.serialize holds lock {held[0]}{where} for this run"
+        return None
+
+    def check_only(self) -> bool:
+        return self._reporting
 
     # -- options ---------------------------------------------------------------------------------
     def _timeout(self) -> float | None:
@@ -353,6 +374,7 @@ class CallbackModule(CallbackBase):
         hosts = self._play_hosts(play)
         if self._check:
             why = real_work_in_check_mode(play)
+            self._reporting = why is None
             if why is None:
                 self._report_busy(hosts)
                 return

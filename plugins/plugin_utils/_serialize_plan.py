@@ -109,6 +109,8 @@ def real_work_in_check_mode(play: t.Any) -> str | None:
 
 
 
+# Every option of the callback (its DOCUMENTATION), for the settings given where it never reads them.
+OPTIONS = ("fleet", "ttl", "directory", "timeout", "fail_fast", "scope", "wait_in_flight", "prefix", "recap")
 FOREVER = "forever"  # how a wait without end is spelled (timeout); never a negative number
 _BOOLEANS = "true/false, yes/no, on/off or 1/0"
 
