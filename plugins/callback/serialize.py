@@ -229,6 +229,7 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.forks 
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
 from ansible_collections.hostlock.core.plugins.plugin_utils import _serialize_state
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
+from ansible_collections.hostlock.core.plugins.plugin_utils._job import job_text
 from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_config import setting_mistakes
 from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_handover import Handover
 from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import (
@@ -282,6 +283,7 @@ class CallbackModule(CallbackBase):
         super().__init__(*args, **kwargs)
         self._held: dict[Key, tuple[str, Lock, str, float]] = {}  # key -> (name, lock, mode, monotonic taken)
         self._playbook = "?"
+        self._job = ""  # the AWX/AAP job this run is, from its extra vars: shown in labels, never trusted
         self._check = False
         self._run_id = uuid.uuid4().hex  # marks this run's tasks on the hosts
         self._planned: set[str] = set()  # scope=playbook: every host of the playbook found so far
@@ -352,6 +354,9 @@ class CallbackModule(CallbackBase):
         self._playbook = os.path.basename(getattr(playbook, "_file_name", None) or "?")
         self._check = bool(context.CLIARGS.get("check"))
         self._planned = set()
+        plays = playbook.get_plays() if hasattr(playbook, "get_plays") else []
+        if plays:
+            self._job = job_text(plays[0].get_variable_manager().extra_vars)
         if self._opt["scope"] == "playbook" and not self._check:
             self._planned = self._playbook_hosts(playbook)
             if self._planned:
@@ -371,6 +376,7 @@ class CallbackModule(CallbackBase):
         return found
 
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
+        self._job = job_text(play.get_variable_manager().extra_vars)
         hosts = self._play_hosts(play)
         if self._check:
             why = real_work_in_check_mode(play)
@@ -401,7 +407,8 @@ class CallbackModule(CallbackBase):
         # what is missing, in order.
         missing = sorted(k for k, mode in wanted.items() if self._held.get(k, (None, None, None))[2] != mode)
         keep = {k for k in self._held if k in wanted and k not in missing and (not missing or k < missing[0])}
-        label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
+        run = f"ansible-playbook pid {os.getpid()} {controller_id()}"
+        label = f"{self._job + ' (' + run + ')' if self._job else run}: {self._playbook}, play '{play_name}'"
         reorder = sorted(k for k in set(self._held) - keep if k in wanted and k not in missing)
         if reorder and self._take_now(missing, wanted, label):
             # Locks we hold sort after one we lacked (a later play's host, scope=playbook), and each lacking one
@@ -526,7 +533,8 @@ class CallbackModule(CallbackBase):
         except LockTimeout as busy:
             holders = describe_holders([h.as_dict() for h in busy.holders])
         limit = "" if deadline is None else f" up to {max(0.0, deadline - started):.0f}s"
-        self._say(f"[{_clock()}] hostlock.core.serialize: {what} is busy: held by {holders}; waiting{limit}")
+        self._say(f"[{_clock()}] hostlock.core.serialize: {what} is busy: held by {holders}; waiting"
+                  f"{self._place(lock)}{limit}")
         try:
             lock.acquire(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except LockTimeout as e:
@@ -534,6 +542,16 @@ class CallbackModule(CallbackBase):
             self._give_up(what, [h.as_dict() for h in e.holders], time.monotonic() - started)
         waited = time.monotonic() - started
         self._say(f"[{_clock()}] hostlock.core.serialize: got {what} after waiting {waited:.2f}s")
+
+    def _place(self, lock: Lock) -> str:
+        """" (first in line)" or " (number 3 in line)": the waiters queued before this run's wait begins."""
+        try:
+            st = status(lock.name, fleet=self._fleet()) if self._fleet() else status(
+                lock.name, directory=self._opt["directory"])
+        except (HostlockError, ValueError, OSError):
+            return ""  # only a display: a lock that cannot be read now is waited for as ever
+        ahead = max(0, int(st.waiters or 0))
+        return " (first in line)" if not ahead else f" (number {ahead + 1} in line)"
 
     def _report_busy(self, hosts: list[str]) -> None:
         """Check mode: name who holds a host's lock, or its bucket exclusively (a large play)."""
