@@ -129,8 +129,9 @@ options:
   label:
     description:
       - Free text stored with the lock and shown by C(hostlock status) and in other tasks' errors.
-      - Defaults to one naming the play, the task, and the controller user and host. The controller
-        appends C([run ID]) naming its C(ansible-playbook) run.
+      - Defaults to one naming the play, the task, and the controller user and host (and, in an AWX or AAP job,
+        the job, its template and launching user, from C(awx_job_id) and the like; shown, never trusted). The
+        controller appends C([run ID]) naming its C(ansible-playbook) run.
     type: str
   on_conflict:
     description:

@@ -90,7 +90,8 @@ options:
   label:
     description:
       - Text stored with the lock and shown by C(hostlock status); defaults to the play, task and
-        controller. The controller appends C([run ID]) naming its C(ansible-playbook) run.
+        controller (and an AWX or AAP job's id, template and launching user). The controller appends
+        C([run ID]) naming its C(ansible-playbook) run.
     type: str
   on_conflict:
     description:
