@@ -19,9 +19,10 @@ description:
   - The controller locks are kernel locks held by the C(ansible-playbook) process, so they are freed at
     once when it exits or is killed, even with SIGKILL. A killed run's task may still be running on a
     host then; so every task of a serialized play carries a marker in its environment
-    (E(HOSTLOCK_SERIALIZE_HOST), E(HOSTLOCK_SERIALIZE_RUN)), and each play starts with a task that waits
-    on each host until no process of an earlier run carrying that host's marker is left
-    (O(wait_in_flight)).
+    (E(HOSTLOCK_SERIALIZE_HOST), E(HOSTLOCK_SERIALIZE_RUN)), and a play starts with a task that waits
+    on a host until no process of an earlier run carrying that host's marker is left
+    (O(wait_in_flight)), on each host whose lock's last holder may have left work there (it did not end its
+    hold cleanly, or this run knows nothing of the host; with O(fleet), every host).
   - File descriptors stay bounded whatever the play's size. Hosts hash into 64 buckets; a small play
     takes each bucket it touches shared and each host exclusive; a play too large for a quarter of
     the descriptor limit (C(ulimit -n)) takes its buckets exclusive and no host locks. Both kinds
@@ -36,7 +37,15 @@ description:
     V(30x) or V(-1), an unknown O(scope), a boolean of V(maybe), a malformed O(fleet) URL or O(prefix))
     ends C(ansible-playbook) before its first play with one line naming the setting and the accepted forms,
     and status 64. ansible-core would otherwise drop a callback whose options fail to load with only a
-    warning, and run every play unserialized.
+    warning, and run every play unserialized. So does a setting written where the callback never reads it,
+    a section spelt unlike C([hostlock_serialize]), a key there or a E(HOSTLOCK_SERIALIZE_*) variable that
+    names no option.
+  - A callback that is not loaded cannot say so; start each play that must never run unserialized with
+    M(hostlock.core.serialized), which fails the host unless this callback holds it in this run, naming the
+    missing or misspelt setting (C(callback_whitelist), a misspelt C(callbacks_enabled) entry).
+  - In an AWX or AAP job the lock labels, and so C(hostlock status) and every waiting line, name the job
+    (C(awx_job_id), its template and launching user, or their C(tower_*) names; shown, never trusted); a
+    waiting run says its place in line.
   - A callback cannot fail a run by raising (ansible-core turns its exceptions into warnings). When a
     host stays busy past O(timeout), or at once with O(fail_fast), this callback ends the run itself;
     it prints the holders and exits C(ansible-playbook) with status 75 (EX_TEMPFAIL, "try again
@@ -146,9 +155,14 @@ options:
         key: scope
   wait_in_flight:
     description:
-      - Start each play with a task that waits on every host until no task of an earlier run (one that
+      - Start each play with a task that waits on a host until no task of an earlier run (one that
         was killed, or a C(poll=0) async job it left) still runs there, and mark this run's tasks so
         that later runs can wait for them in turn.
+      - The wait runs only on hosts whose lock's last holder may have left work; a run that ends its hold
+        on a host cleanly (every task it started there came back, none unreachable, timed out by the
+        C(timeout) keyword or left as an async job) says so in a file of its own user in O(directory); the
+        next run of that user skips the wait there unless anyone's run held the host since. With O(fleet),
+        and for plays too large for host locks, every host waits.
       - It sees the processes the connecting (or C(become)) user may inspect; runs that must exclude
         each other should connect as the same user, or as root.
       - For a host without C(/bin/sh) and C(/proc) (network devices, Windows), set the host variable
@@ -195,6 +209,7 @@ notes:
   - The in-flight wait is the play's first task after fact gathering (which only reads the host); it
     is tagged C(always), so C(--skip-tags always) or C(--start-at-task) skip it.
 seealso:
+  - module: hostlock.core.serialized
   - module: hostlock.core.lock
   - module: hostlock.core.locked
 author:

@@ -20,7 +20,7 @@ description:
   - Misspelt settings of the callback itself (a C([hostlock-serialize]) section, a C(timout) key, a
     E(HOSTLOCK_SERIALIZE_TIMOUT) variable) stop the run when the callback loads (status 64), before this task.
   - The proof is the callback's own state in this process (the worker that runs this task is forked from
-    C(ansible-playbook) after the callback locked the play's hosts): no variable, file or environment a user
+    C(ansible-playbook) after the callback locked the play's hosts); no variable, file or environment a user
     sets can make it pass.
   - In check mode it passes when the callback is active (check mode takes no lock unless the play changes hosts
     for real; then it needs the lock as a real run does).
