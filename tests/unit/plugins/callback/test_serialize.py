@@ -137,3 +137,27 @@ def test_a_result_whose_work_may_outlive_it_keeps_the_host_dirty(result, outlive
     from ansible_collections.hostlock.core.plugins.callback.serialize import _may_outlive
 
     assert _may_outlive(result) is outlives
+
+
+def test_every_documented_option_is_known_to_the_misspelling_check():
+    """A key or variable naming no option stops the run: the list it checks against is the documented one."""
+    import yaml
+    from ansible_collections.hostlock.core.plugins.callback import serialize
+    from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import OPTIONS
+
+    assert sorted(yaml.safe_load(serialize.DOCUMENTATION)["options"]) == sorted(OPTIONS)
+
+
+def test_a_misspelt_section_key_or_variable_is_named(tmp_path, monkeypatch):
+    from ansible_collections.hostlock.core.plugins.plugin_utils import _serialize_config as config
+    from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import OPTIONS
+
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\nx = 1\n[hostlock-serialize]\ntimeout = 1\n[hostlock_serialize]\ntimout = 1\n"
+                   "timeout = 2\n[hostlock]\ny = 2\n")
+    monkeypatch.setattr(config, "config_file", lambda: str(cfg))
+    found = config.setting_mistakes(OPTIONS, {"HOSTLOCK_SERIALIZE_TIMOUT": "1", "HOSTLOCK_SERIALIZE_HOST": "x",
+                                              "HOSTLOCK_SERIALIZE_FLEET": ""})
+    assert len(found) == 3, found
+    assert "section [hostlock-serialize]" in found[0] and "did you mean timeout?" in found[1], found
+    assert found[2].startswith("environment variable HOSTLOCK_SERIALIZE_TIMOUT"), found
