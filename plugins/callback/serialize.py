@@ -402,12 +402,13 @@ class CallbackModule(CallbackBase):
             # Those tasks change the hosts for real, --check or not: they are serialized as any run's.
             self._say(f"[{_clock()}] hostlock.core.serialize: check mode, but play '{play.get_name()}' {why}: "
                       "locking its hosts as a real run does")
+        locked = hosts
         if self._opt["scope"] == "playbook":
             self._planned.update(hosts)
-            hosts = sorted(self._planned)
-        self._lock_hosts(hosts, play.get_name())
+            locked = sorted(self._planned)
+        self._lock_hosts(locked, play.get_name())
         if self._opt["wait_in_flight"]:
-            self._mark_play(play, hosts)
+            self._mark_play(play, hosts)  # this play's hosts: the others wait in the play that has them
 
     def _play_hosts(self, play: t.Any) -> list[str]:
         """The hosts this play (this serial batch) will run on, as the strategy will see them."""
