@@ -108,7 +108,6 @@ def real_work_in_check_mode(play: t.Any) -> str | None:
     return walk(play.compile()) or walk(play.handlers) or walk(play.compile_roles_handlers())
 
 
-
 # Every option of the callback (its DOCUMENTATION), for the settings given where it never reads them.
 OPTIONS = ("fleet", "ttl", "directory", "timeout", "fail_fast", "scope", "wait_in_flight", "prefix", "recap")
 FOREVER = "forever"  # how a wait without end is spelled (timeout); never a negative number
@@ -180,4 +179,3 @@ def settings(get: t.Callable[[str], t.Any]) -> dict[str, t.Any]:
                       "names another directory for each run started elsewhere")
         out["directory"] = where
     return out
-

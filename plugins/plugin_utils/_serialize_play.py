@@ -64,12 +64,10 @@ exit 0
 """
 
 
-
 def _with_marker(env: t.Any, marker: dict) -> list:
     """An `environment` keyword value with this run's marker first (and no earlier run's marker)."""
     items = env if isinstance(env, list) else [env] if env else []
     return [marker] + [e for e in items if not (isinstance(e, dict) and MARK_RUN in e)]
-
 
 
 def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None, wait_on: list[str] | None) -> None:
