@@ -113,3 +113,15 @@ def test_jobs_in_separate_containers_take_turns_through_the_fleet_and_name_each_
     busy_c = [line for line in out_c.splitlines() if "host ssh1 is busy" in line]
     assert busy_b and "AWX job 101 'Deploy web' by alice" in busy_b[0] and "(first in line)" in busy_b[0], out_b
     assert busy_c and "AWX job 101 'Deploy web' by alice" in busy_c[0] and "(number 2 in line)" in busy_c[0], out_c
+
+
+def test_a_lock_tasks_default_label_names_the_job_and_keeps_its_run_marker(ansible):
+    """hostlock.core.lock on the host, in an AWX job: the holder's label names the job; a template name
+    that looks like a run marker stays text (the run's own marker still comes last and is the one read)."""
+    evars = dict(target="loc", lock="awx-label", awx_job_id=7, awx_job_template_name="Nightly [run fake]",
+                 awx_user_name="carol")
+    run = ansible.play("lock_across_tasks.yml", extra_vars=evars)
+    assert run.rc == 0, run.out
+    label = run.results()["Take the lock"]["loc"]["holders"][0]["label"]
+    assert "AWX job 7 'Nightly (run fake)' by carol: play 'Hold a lock across tasks'" in label, label
+    assert "[run fake]" not in label and label.rstrip().endswith("]") and "[run " in label, label
