@@ -19,9 +19,10 @@ description:
   - The controller locks are kernel locks held by the C(ansible-playbook) process, so they are freed at
     once when it exits or is killed, even with SIGKILL. A killed run's task may still be running on a
     host then; so every task of a serialized play carries a marker in its environment
-    (E(HOSTLOCK_SERIALIZE_HOST), E(HOSTLOCK_SERIALIZE_RUN)), and each play starts with a task that waits
-    on each host until no process of an earlier run carrying that host's marker is left
-    (O(wait_in_flight)).
+    (E(HOSTLOCK_SERIALIZE_HOST), E(HOSTLOCK_SERIALIZE_RUN)), and a play starts with a task that waits
+    on a host until no process of an earlier run carrying that host's marker is left
+    (O(wait_in_flight)), on each host whose lock's last holder may have left work there (it did not end its
+    hold cleanly, or this run knows nothing of the host; with O(fleet), every host).
   - File descriptors stay bounded whatever the play's size. Hosts hash into 64 buckets; a small play
     takes each bucket it touches shared and each host exclusive; a play too large for a quarter of
     the descriptor limit (C(ulimit -n)) takes its buckets exclusive and no host locks. Both kinds
@@ -36,7 +37,15 @@ description:
     V(30x) or V(-1), an unknown O(scope), a boolean of V(maybe), a malformed O(fleet) URL or O(prefix))
     ends C(ansible-playbook) before its first play with one line naming the setting and the accepted forms,
     and status 64. ansible-core would otherwise drop a callback whose options fail to load with only a
-    warning, and run every play unserialized.
+    warning, and run every play unserialized. So does a setting written where the callback never reads it,
+    a section spelt unlike C([hostlock_serialize]), a key there or a E(HOSTLOCK_SERIALIZE_*) variable that
+    names no option.
+  - A callback that is not loaded cannot say so; start each play that must never run unserialized with
+    M(hostlock.core.serialized), which fails the host unless this callback holds it in this run, naming the
+    missing or misspelt setting (C(callback_whitelist), a misspelt C(callbacks_enabled) entry).
+  - In an AWX or AAP job the lock labels, and so C(hostlock status) and every waiting line, name the job
+    (C(awx_job_id), its template and launching user, or their C(tower_*) names; shown, never trusted); a
+    waiting run says its place in line.
   - A callback cannot fail a run by raising (ansible-core turns its exceptions into warnings). When a
     host stays busy past O(timeout), or at once with O(fail_fast), this callback ends the run itself;
     it prints the holders and exits C(ansible-playbook) with status 75 (EX_TEMPFAIL, "try again
@@ -146,9 +155,14 @@ options:
         key: scope
   wait_in_flight:
     description:
-      - Start each play with a task that waits on every host until no task of an earlier run (one that
+      - Start each play with a task that waits on a host until no task of an earlier run (one that
         was killed, or a C(poll=0) async job it left) still runs there, and mark this run's tasks so
         that later runs can wait for them in turn.
+      - The wait runs only on hosts whose lock's last holder may have left work; a run that ends its hold
+        on a host cleanly (every task it started there came back, none unreachable, timed out by the
+        C(timeout) keyword or left as an async job) says so in a file of its own user in O(directory); the
+        next run of that user skips the wait there unless anyone's run held the host since. With O(fleet),
+        and for plays too large for host locks, every host waits.
       - It sees the processes the connecting (or C(become)) user may inspect; runs that must exclude
         each other should connect as the same user, or as root.
       - For a host without C(/bin/sh) and C(/proc) (network devices, Windows), set the host variable
@@ -195,6 +209,7 @@ notes:
   - The in-flight wait is the play's first task after fact gathering (which only reads the host); it
     is tagged C(always), so C(--skip-tags always) or C(--start-at-task) skip it.
 seealso:
+  - module: hostlock.core.serialized
   - module: hostlock.core.lock
   - module: hostlock.core.locked
 author:
@@ -203,28 +218,20 @@ author:
 
 import hashlib
 import os
-import resource
 import time
 import typing as t
 import uuid
 
-import ansible.constants as C
 from ansible import context
-from ansible.module_utils.parsing.convert_bool import BOOLEANS_FALSE, BOOLEANS_TRUE
-from ansible.playbook.block import Block
-from ansible.playbook.task import Task
 from ansible.plugins.callback import CallbackBase
-from ansible.template import Templar, trust_as_template
-from ansible.utils.sentinel import Sentinel
-from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY, describe_holders
+from ansible.template import Templar
+from ansible_collections.hostlock.core.plugins.module_utils._common import describe_holders
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import (
     HostlockError,
     Lock,
     LockTimeout,
     default_directory,
-    parse_duration,
     status,
-    validate_name,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors import (
     EX_LOST,
@@ -233,219 +240,44 @@ from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.errors
     describe_error,
     error_exit_code,
 )
-from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.names import MAX_NAME_LENGTH, name_chars
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.core.text import one_line
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock.proc.deathsig import die_with_this_process
+from ansible_collections.hostlock.core.plugins.plugin_utils import _serialize_state
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import controller_id
+from ansible_collections.hostlock.core.plugins.plugin_utils._job import job_text
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_config import setting_mistakes
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_handover import Handover
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import (
+    FLEET_BUDGET,
+    OPTIONS,
+    Key,
+    bucket_name,
+    bucket_of,
+    fd_budget,
+    lock_name,
+    plan,
+    real_work_in_check_mode,
+    settings,
+)
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_play import WAIT_TASK, mark_play
+from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_recap import Recap
 
 # Exit status when a host stays busy: EX_TEMPFAIL from sysexits.h, "try again later" (as lckdo).
 EXIT_BUSY = EX_TEMPFAIL
 # A run that lost a fleet lock ends with the code `hostlock run --fleet` exits with then (docs/cli.md).
 EXIT_LOST = EX_LOST
-# With a fleet, each lock is an etcd lease kept alive by the run: plays whose hosts plus buckets exceed this
-# take their buckets exclusive instead (at most 64 leases), as descriptors bound local locks.
-FLEET_BUDGET = 128
-# Hosts hash into this many buckets. Every run must use the same number (it decides which bucket lock
-# covers a host), so it is a constant, not an option.
-BUCKETS = 64
-MARK_HOST = "HOSTLOCK_SERIALIZE_HOST"
-MARK_RUN = "HOSTLOCK_SERIALIZE_RUN"
-WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
-# The words Ansible reads as booleans, as strings (a host var may be a string, a bool or an int).
-_TRUE_WORDS = sorted({str(w).lower() for w in BOOLEANS_TRUE})
-_FALSE_WORDS = sorted({str(w).lower() for w in BOOLEANS_FALSE})
-# Waits until no process of this user carrying this host's marker from another run is left ($1 host, $2 our
-# run, $3 seconds or -1). /proc/PID/environ is the environment the task started with, which its children
-# inherit; grep reads them all (file names through printf | xargs: no argument list to overflow however many
-# processes there are). Only processes whose real and effective uid are the wait's own count: anyone can
-# start a process with any environment (a neighbour's `env HOSTLOCK_SERIALIZE_HOST=... sleep` must not stall
-# root's run), and /proc/PID/status tells the uid even of a process that made itself undumpable (its /proc
-# files then belong to root). A command line it prints is cut and made printable ASCII. Polls every 0.2 s: a
-# process that is not our child cannot be waited for portably (pidfd_open is Linux 5.3+ and Python 3.9+).
-# Exit 75 when the time is up.
-WAIT_SCRIPT = r"""
-want="HOSTLOCK_SERIALIZE_HOST=$1"; mine="HOSTLOCK_SERIALIZE_RUN=$2"; left=$3; said=
-LC_ALL=C; export LC_ALL
-me=$(id -u) || exit 70
-[ -d /proc/self ] || { echo "no /proc: cannot see earlier runs' tasks" >&2; exit 70; }
-while :; do
-  busy=
-  for e in $(printf '%s\0' /proc/[0-9]*/environ | xargs -0 grep -lzxF -e "$want" 2>/dev/null \
-             | xargs -r grep -LzxF -e "$mine" 2>/dev/null); do
-    d=${e%/environ}
-    set -- $(sed -n 's/^Uid:[[:space:]]*//p' "$d/status" 2>/dev/null)
-    [ "${1:-x}" = "$me" ] && [ "${2:-x}" = "$me" ] && busy="$busy $d"
-  done
-  [ -z "$busy" ] && break
-  if [ -z "$said" ]; then
-    for d in $busy; do
-      cmd=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null | tr -c '[:print:]' '?' | cut -c1-200)
-      echo "waiting for pid ${d#/proc/}: $cmd"
-    done
-    said=1
-  fi
-  if [ "$left" != -1 ]; then
-    [ "$left" -le 0 ] && { echo "still running" >&2; exit 75; }
-    left=$((left - 1))
-  fi
-  sleep 0.2
-done
-[ -n "$said" ] && echo "earlier runs' tasks ended"
-exit 0
-"""
 
 
-def lock_name(prefix: str, host: str) -> str:
-    """A valid lock name for a host; names needing changes get a hash so two hosts never collide."""
-    clean = name_chars(host)
-    name = prefix + clean
-    # a host starting with "." is hashed too: prefix + ".bucket-NN" belongs to the bucket locks
-    if clean != host or len(name) > MAX_NAME_LENGTH or host.startswith("."):
-        digest = hashlib.sha256(host.encode("utf-8", "surrogateescape")).hexdigest()[:10]
-        name = f"{name[:MAX_NAME_LENGTH - 1 - len(digest)]}-{digest}"
-    return name
-
-
-def bucket_of(host: str) -> int:
-    """The bucket a host hashes into (the same in every run)."""
-    return int.from_bytes(hashlib.sha256(host.encode("utf-8", "surrogateescape")).digest()[:4], "big") % BUCKETS
-
-
-def bucket_name(prefix: str, bucket: int) -> str:
-    return f"{prefix}.bucket-{bucket:02d}"
-
-
-def fd_budget() -> int:
-    """Descriptors the host locks of one play may use: a quarter of the soft limit (the rest is Ansible's)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]  # the controller is POSIX (ansible-core's rule)
-    if soft == resource.RLIM_INFINITY:
-        soft = 1 << 20
-    return max(BUCKETS, soft // 4)
-
-
-# A key orders every lock in one global order: a bucket's lock before the host locks inside it.
-Key = t.Tuple[int, int, str]
-
-
-def plan(hosts: t.Iterable[str], budget: int) -> dict[Key, str]:
-    """The locks (key -> mode) that cover these hosts within budget descriptors."""
-    by_bucket: dict[int, list[str]] = {}
-    for host in set(hosts):
-        by_bucket.setdefault(bucket_of(host), []).append(host)
-    count = sum(len(v) for v in by_bucket.values())
-    wanted: dict[Key, str] = {}
-    if count + len(by_bucket) <= budget:
-        for bucket, members in by_bucket.items():
-            wanted[(bucket, 0, "")] = "shared"  # others' large plays take it exclusive
-            wanted.update({(bucket, 1, h): "exclusive" for h in members})
-    else:
-        wanted.update({(bucket, 0, ""): "exclusive" for bucket in by_bucket})
-    return wanted
-
-
-def real_work_in_check_mode(play: t.Any) -> str | None:
-    """Why a play run with --check may still change its hosts, or None: a task, block, role or handler
-    with check_mode other than true (false, or a template that may say false), or a dynamic include (its
-    tasks are known only when it runs)."""
-    def forces(obj: t.Any) -> bool:
-        value = getattr(obj, "check_mode", None)
-        return not (value is None or value is True or isinstance(value, type) or value is Sentinel)
-
-    def walk(items: t.Iterable[t.Any]) -> str | None:
-        for item in items or ():
-            if isinstance(item, Block):
-                if forces(item):
-                    return "has a block with check_mode: false"
-                found = walk(item.block) or walk(item.rescue) or walk(item.always)
-                if found:
-                    return found
-            elif isinstance(item, Task):
-                if item.action in C._ACTION_INCLUDE_TASKS + C._ACTION_INCLUDE_ROLE:
-                    return f"includes tasks known only when they run ({item.get_name()!r})"
-                if forces(item):
-                    return f"has a task with check_mode: false ({item.get_name()!r})"
-        return None
-
-    if forces(play):
-        return "has check_mode: false"
-    return walk(play.compile()) or walk(play.handlers) or walk(play.compile_roles_handlers())
-
-
-def _with_marker(env: t.Any, marker: dict) -> list:
-    """An `environment` keyword value with this run's marker first (and no earlier run's marker)."""
-    items = env if isinstance(env, list) else [env] if env else []
-    return [marker] + [e for e in items if not (isinstance(e, dict) and MARK_RUN in e)]
-
-
-FOREVER = "forever"  # how a wait without end is spelled (timeout); never a negative number
-_BOOLEANS = "true/false, yes/no, on/off or 1/0"
-
-
-def _where(name: str) -> str:
-    return f"[hostlock_serialize] {name} in ansible.cfg or $HOSTLOCK_SERIALIZE_{name.upper()}"
-
-
-def settings(get: t.Callable[[str], t.Any]) -> dict[str, t.Any]:
-    """Every option as the callback uses it, checked once; ValueError naming the setting and what it takes.
-
-    Types are checked here, not by ansible-core's config: its bool conversion reads any unknown word as
-    false (wait_in_flight=maybe would turn the wait off), and an option that fails to convert makes it
-    drop the whole callback with a warning, so the run would go on unserialized.
-    """
-    out: dict[str, t.Any] = {}
-
-    def bad(name: str, value: t.Any, takes: str) -> ValueError:
-        return ValueError(f"invalid setting {name} = {one_line(repr(value))} ({_where(name)}): use {takes}")
-
-    for name in ("fail_fast", "wait_in_flight", "recap"):
-        raw = get(name)
-        word = str(raw).strip().lower() if raw is not None else ""
-        if isinstance(raw, bool):
-            out[name] = raw
-        elif word in BOOLEANS_TRUE:
-            out[name] = True
-        elif word in BOOLEANS_FALSE:
-            out[name] = False
-        else:
-            raise bad(name, raw, _BOOLEANS)
-    raw = get("timeout")
-    if raw is None or str(raw).strip().lower() == FOREVER:
-        out["timeout"] = None
-    else:
-        try:
-            out["timeout"] = parse_duration(str(raw), "timeout")
-        except ValueError:
-            raise bad("timeout", raw, f"a duration (90, 30s, 30m, 1h30m) or {FOREVER!r}") from None
-    try:
-        out["ttl"] = parse_duration(str(get("ttl")), "ttl", positive=True)
-    except ValueError:
-        raise bad("ttl", get("ttl"), "a duration greater than 0 (10, 30s, 2m)") from None
-    out["scope"] = get("scope")
-    if out["scope"] not in ("play", "playbook"):
-        raise bad("scope", out["scope"], "'play' or 'playbook'")
-    out["prefix"] = get("prefix")
-    try:
-        validate_name(lock_name(str(out["prefix"]), "host"))
-        validate_name(bucket_name(str(out["prefix"]), 0))
-    except ValueError as e:
-        raise bad("prefix", out["prefix"], f"a prefix that makes valid lock names ({one_line(str(e))})") from None
-    out["fleet"] = str(get("fleet") or "").strip() or None
-    if out["fleet"]:
-        from ansible_collections.hostlock.core.plugins.module_utils.hostlock.fleet.url import parse
-
-        try:
-            parse(out["fleet"])
-        except ValueError as e:
-            raise ValueError(f"invalid setting fleet ({_where('fleet')}): {one_line(str(e))}") from None
-    raw = get("directory")
-    out["directory"] = None
-    if raw is not None:
-        where = os.path.expanduser(str(raw).strip())
-        if not os.path.isabs(where):
-            raise bad("directory", raw, "an absolute path (unset it for the default): a relative or empty one "
-                      "names another directory for each run started elsewhere")
-        out["directory"] = where
-    return out
+def _may_outlive(data: dict) -> bool:
+    """Whether a task's result leaves its work possibly running on the host after the controller moved on:
+    an async job not seen to finish (poll: 0, or its poll gave up), or a task the `timeout` keyword ended."""
+    results = data.get("results")
+    items: list = results if isinstance(results, list) else []
+    for item in [data, *items]:
+        if isinstance(item, dict) and (item.get("timedout") or item.get("unreachable") or
+                                       (item.get("ansible_job_id") and not item.get("finished"))):
+            return True
+    return False
 
 
 def _clock() -> str:
@@ -466,14 +298,22 @@ class CallbackModule(CallbackBase):
         super().__init__(*args, **kwargs)
         self._held: dict[Key, tuple[str, Lock, str, float]] = {}  # key -> (name, lock, mode, monotonic taken)
         self._playbook = "?"
+        self._job = ""  # the AWX/AAP job this run is, from its extra vars: shown in labels, never trusted
         self._check = False
         self._run_id = uuid.uuid4().hex  # marks this run's tasks on the hosts
         self._planned: set[str] = set()  # scope=playbook: every host of the playbook found so far
-        self._waits: list[tuple[str, float, float]] = []  # (lock key label, waited, held) of controller locks
-        self._uses: dict[tuple[str, str], dict[str, t.Any]] = {}  # (host, lock) -> totals from modules
-        self._leases: dict[tuple[str, str], dict[str, dict]] = {}  # (host, lock) -> token_id -> lease
+        self._recap = Recap()
+        # The in-flight wait, only where it is needed (plugin_utils/_serialize_handover.py): hosts held whose
+        # earlier holder may have left work (no wait has cleared them yet), hosts where this run's own work
+        # may outlive what it saw of it, and the tasks started on each host whose result has not come back.
+        self._handover: Handover | None = None
+        self._fresh: list[Key] = []  # locks taken in this _lock_hosts call, not yet said dirty
+        self._needs_wait: set[str] = set()
+        self._unclean: set[str] = set()
+        self._running: dict[str, set[str]] = {}
         self._lost: list[str] = []  # fleet locks whose etcd lease ended while held (from keep-alive threads)
         self._opt: dict[str, t.Any] = {}  # the checked options (set_options)
+        self._reporting = False  # a --check play the callback only reports on
 
     def set_options(self, task_keys: t.Any = None, var_options: t.Any = None, direct: t.Any = None) -> None:
         """Load and check every option now, and end the run here if one cannot be honoured.
@@ -485,9 +325,13 @@ class CallbackModule(CallbackBase):
         try:
             super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
             self._opt = settings(self.get_option)
+            mistakes = setting_mistakes(OPTIONS)
+            if mistakes:  # meant for us, never read: running with the defaults instead would be silent
+                raise ValueError("; ".join(mistakes))
         except Exception as e:  # noqa: BLE001 - any failure to load a setting must stop the run, not skip us
             self._display.error(f"hostlock.core.serialize: {one_line(str(e))}; no play was run")
             raise _EndRun(EX_USAGE) from None
+        _serialize_state.register(self)  # what hostlock.core.serialized asks, in this process only
         # The workers die with this process: SIGKILLed (or OOM-killed), ansible-playbook cannot end them, and
         # one busy on the controller (a slow lookup, a transfer) would start its task on a host after the
         # next run found nothing of this one's there, and began.
@@ -497,6 +341,19 @@ class CallbackModule(CallbackBase):
     # -- output: standard error through Ansible's display; stdout belongs to the stdout callback ----
     def _say(self, msg: str) -> None:
         self._display.display(msg, stderr=True)
+
+    # -- what hostlock.core.serialized asks (plugin_utils/_serialize_state.py) -----------------------
+    def holds(self, host: str) -> str | None:
+        bucket = bucket_of(host)
+        for key in ((bucket, 1, host), (bucket, 0, "")):
+            held = self._held.get(key)
+            if held is not None and held[2] == "exclusive" and held[0] not in self._lost:
+                where = f" in {self._fleet()}" if self._fleet() else ""
+                return f"hostlock.core.serialize holds lock {held[0]}{where} for this run"
+        return None
+
+    def check_only(self) -> bool:
+        return self._reporting
 
     # -- options ---------------------------------------------------------------------------------
     def _timeout(self) -> float | None:
@@ -512,6 +369,9 @@ class CallbackModule(CallbackBase):
         self._playbook = os.path.basename(getattr(playbook, "_file_name", None) or "?")
         self._check = bool(context.CLIARGS.get("check"))
         self._planned = set()
+        plays = playbook.get_plays() if hasattr(playbook, "get_plays") else []
+        if plays:
+            self._job = job_text(plays[0].get_variable_manager().extra_vars)
         if self._opt["scope"] == "playbook" and not self._check:
             self._planned = self._playbook_hosts(playbook)
             if self._planned:
@@ -531,21 +391,24 @@ class CallbackModule(CallbackBase):
         return found
 
     def v2_playbook_on_play_start(self, play: t.Any) -> None:
+        self._job = job_text(play.get_variable_manager().extra_vars)
         hosts = self._play_hosts(play)
         if self._check:
             why = real_work_in_check_mode(play)
+            self._reporting = why is None
             if why is None:
                 self._report_busy(hosts)
                 return
             # Those tasks change the hosts for real, --check or not: they are serialized as any run's.
             self._say(f"[{_clock()}] hostlock.core.serialize: check mode, but play '{play.get_name()}' {why}: "
                       "locking its hosts as a real run does")
+        locked = hosts
         if self._opt["scope"] == "playbook":
             self._planned.update(hosts)
-            hosts = sorted(self._planned)
-        self._lock_hosts(hosts, play.get_name())
+            locked = sorted(self._planned)
+        self._lock_hosts(locked, play.get_name())
         if self._opt["wait_in_flight"]:
-            self._mark_play(play)
+            self._mark_play(play, hosts)  # this play's hosts: the others wait in the play that has them
 
     def _play_hosts(self, play: t.Any) -> list[str]:
         """The hosts this play (this serial batch) will run on, as the strategy will see them."""
@@ -560,21 +423,23 @@ class CallbackModule(CallbackBase):
         # what is missing, in order.
         missing = sorted(k for k, mode in wanted.items() if self._held.get(k, (None, None, None))[2] != mode)
         keep = {k for k in self._held if k in wanted and k not in missing and (not missing or k < missing[0])}
-        label = f"ansible-playbook pid {os.getpid()} {controller_id()}: {self._playbook}, play '{play_name}'"
+        run = f"ansible-playbook pid {os.getpid()} {controller_id()}"
+        label = f"{self._job + ' (' + run + ')' if self._job else run}: {self._playbook}, play '{play_name}'"
         reorder = sorted(k for k in set(self._held) - keep if k in wanted and k not in missing)
         if reorder and self._take_now(missing, wanted, label):
             # Locks we hold sort after one we lacked (a later play's host, scope=playbook), and each lacking one
             # was free: taken without waiting, so out of order is no deadlock, and what we hold stays held; what
             # this play does not want goes, as ever.
             for key in sorted(set(self._held) - set(wanted)):
-                self._release(key)
+                self._release(key, clean=True)
+            self._handed_over(hosts)
             return
         if reorder:
             self._say(f"[{_clock()}] hostlock.core.serialize: {len(missing)} lock(s) of play '{play_name}' sort "
                       f"before {len(reorder)} held since an earlier play and one is busy: releasing those to take "
                       "every lock in order (another run may work on their hosts in between)")
         for key in sorted(set(self._held) - keep):
-            self._release(key)
+            self._release(key, clean=True)
         missing = sorted(set(wanted) - keep)
         timeout = self._timeout()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -596,8 +461,44 @@ class CallbackModule(CallbackBase):
                     lock.close()
                 self._end_run(f"hostlock.core.serialize: cannot lock {what}: {describe_error(e)}", error_exit_code(e))
             self._held[key] = (name, lock, wanted[key], time.monotonic())
+            self._fresh.append(key)
             if key[2] or wanted[key] == "exclusive":  # a shared bucket lock only lets the host locks coexist
-                self._waits.append((key[2] or name, time.monotonic() - started, 0.0))
+                self._recap.taken(key[2] or name, time.monotonic() - started)
+        self._handed_over(hosts)
+
+    def _handed_over(self, hosts: list[str]) -> None:
+        """For the locks just taken: which hosts need the in-flight wait, and say `dirty` for each before any
+        task runs (the handover entries, plugin_utils/_serialize_handover.py). Only a host lock whose last
+        holder was a run of ours that ended its hold cleanly skips the wait; with a fleet, a large play's
+        bucket locks, or no handover directory, every host waits."""
+        fresh = [key for key in self._fresh if key in self._held]  # a run that gave up released them
+        self._fresh = []
+        if not fresh:
+            return
+        names = {key: self._lock_name(key)[0] for key in fresh}
+        buckets = {key[0] for key in fresh if not key[2] and self._held[key][2] == "exclusive"}  # a large play's
+        self._needs_wait.update(h for h in hosts if bucket_of(h) in buckets)
+        host_keys = [key for key in fresh if key[2]]
+        if self._fleet():
+            self._needs_wait.update(key[2] for key in host_keys)
+            return
+        try:
+            if self._handover is None:
+                self._handover = Handover(self._handover_dir())
+            related: dict[str, tuple[str, ...]] = {
+                names[key]: (bucket_name(self._opt["prefix"], key[0]),) for key in host_keys
+            }
+            clean = self._handover.clean(related)
+            self._display.vvv(f"hostlock.core.serialize: last held by a run that ended cleanly: {sorted(clean)}")
+            self._needs_wait.update(key[2] for key in host_keys if names[key] not in clean)
+            self._handover.taken([names[key] for key in fresh if key[2] or self._held[key][2] == "exclusive"],
+                                 self._run_id)
+        except (HostlockError, OSError) as e:  # HandoverError too: a clean entry of ours we cannot replace
+            self._end_run(f"hostlock.core.serialize: cannot record this run's hold in {self._handover_dir()}: "
+                          f"{describe_error(e)}", error_exit_code(e))
+
+    def _handover_dir(self) -> str:
+        return self._opt["directory"] or default_directory()
 
     def _lock_name(self, key: Key) -> tuple[str, str]:
         """(lock name, how messages name it) of a plan's key."""
@@ -634,8 +535,9 @@ class CallbackModule(CallbackBase):
             if key in self._held:  # the same lock in another mode: ours now in the new one
                 self._release(key)
             self._held[key] = (name, lock, wanted[key], time.monotonic())
+            self._fresh.append(key)
             if key[2] or wanted[key] == "exclusive":
-                self._waits.append((key[2] or name, 0.0, 0.0))
+                self._recap.taken(key[2] or name, 0.0)
         return True
 
     def _take(self, lock: Lock, what: str, deadline: float | None) -> None:
@@ -647,7 +549,8 @@ class CallbackModule(CallbackBase):
         except LockTimeout as busy:
             holders = describe_holders([h.as_dict() for h in busy.holders])
         limit = "" if deadline is None else f" up to {max(0.0, deadline - started):.0f}s"
-        self._say(f"[{_clock()}] hostlock.core.serialize: {what} is busy: held by {holders}; waiting{limit}")
+        self._say(f"[{_clock()}] hostlock.core.serialize: {what} is busy: held by {holders}; waiting"
+                  f"{self._place(lock)}{limit}")
         try:
             lock.acquire(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
         except LockTimeout as e:
@@ -655,6 +558,16 @@ class CallbackModule(CallbackBase):
             self._give_up(what, [h.as_dict() for h in e.holders], time.monotonic() - started)
         waited = time.monotonic() - started
         self._say(f"[{_clock()}] hostlock.core.serialize: got {what} after waiting {waited:.2f}s")
+
+    def _place(self, lock: Lock) -> str:
+        """" (first in line)" or " (number 3 in line)": the waiters queued before this run's wait begins."""
+        try:
+            st = status(lock.name, fleet=self._fleet()) if self._fleet() else status(
+                lock.name, directory=self._opt["directory"])
+        except (HostlockError, ValueError, OSError):
+            return ""  # only a display: a lock that cannot be read now is waited for as ever
+        ahead = max(0, int(st.waiters or 0))
+        return " (first in line)" if not ahead else f" (number {ahead + 1} in line)"
 
     def _report_busy(self, hosts: list[str]) -> None:
         """Check mode: name who holds a host's lock, or its bucket exclusively (a large play)."""
@@ -695,8 +608,17 @@ class CallbackModule(CallbackBase):
         # while the executors' finally blocks still clean up.
         raise _EndRun(code)
 
-    def _release(self, key: Key) -> None:
+    def _release(self, key: Key, clean: bool = False) -> None:
+        """Release one lock. `clean`: the play that held it has ended (a play boundary, the playbook's end);
+        then a host with no task of ours left running there that we know of is handed over clean."""
         name, lock, _mode, taken = self._held.pop(key)
+        host = key[2]
+        if host:
+            if (clean and self._handover is not None and not self._running.get(host)
+                    and host not in self._needs_wait and host not in self._unclean):
+                self._handover.ended_clean(name, self._run_id)  # while the lock is still ours
+            self._needs_wait.discard(host)
+            self._unclean.discard(host)
         try:
             lock.release()
         except HostlockError as e:  # etcd unreachable: the key ends with its lease, within the ttl
@@ -704,68 +626,16 @@ class CallbackModule(CallbackBase):
                                   "when its etcd lease runs out (ttl)")
         finally:
             lock.close()  # a released Lock keeps its file open: close it, or 10,000 hosts exhaust descriptors
-        label = key[2] or name
-        for i in range(len(self._waits) - 1, -1, -1):
-            if self._waits[i][0] == label:
-                self._waits[i] = (label, self._waits[i][1], self._waits[i][2] + time.monotonic() - taken)
-                break
+        self._recap.released(key[2] or name, time.monotonic() - taken)
 
-    def _release_all(self) -> None:
+    def _release_all(self, clean: bool = False) -> None:
         for key in sorted(self._held):
-            self._release(key)
+            self._release(key, clean=clean)
 
     # -- in-flight work of earlier runs on the hosts --------------------------------------------------
-    def _mark_play(self, play: t.Any) -> None:
-        """Mark this play's tasks with this run and host; start the play by waiting for other runs' marks.
-
-        The play is post-validated but its iterator is not built yet (TaskQueueManager.run sends this
-        callback first), so a block prepended to pre_tasks becomes the play's first task.
-        """
-        # The host's mark names the lock set too (directory and prefix): runs that do not exclude each
-        # other on the controller do not wait for each other on the hosts either.
-        host_mark = trust_as_template(self._scope() + ":{{ inventory_hostname }}")
-        marker = {MARK_HOST: host_mark, MARK_RUN: self._run_id}
-        # Tasks inherit `environment` from the Play their blocks were loaded with: the playbook's own Play
-        # object, not this copy (TaskQueueManager.run copies it per batch); dynamic includes use the copy.
-        plays = {id(play): play}
-        for item in [*play.pre_tasks, *play.tasks, *play.post_tasks, *play.handlers, *play.roles]:
-            parent = getattr(item, "_play", None)
-            if parent is not None:
-                plays[id(parent)] = parent
-        for each in plays.values():
-            each.environment = _with_marker(each.environment, marker)
-        timeout = self._timeout()
-        ticks = -1 if timeout is None else int(timeout * 5)  # the script polls 5 times a second
-        block = Block(play=play)
-        block.run_once = False
-        task = Task(block=block)
-        task.action = "ansible.builtin.command"
-        task.name = WAIT_TASK
-        task.args = {
-            "argv": ["/bin/sh", "-c", WAIT_SCRIPT, "hostlock-serialize-wait",
-                     host_mark, self._run_id, str(ticks)],
-        }
-        task.changed_when = [False]
-        # The wait itself carries no host mark (the task's environment overrides the play's): two waits
-        # left by killed runs must never wait for each other.
-        task.environment = [{MARK_HOST: "-"}]
-        # A host without a POSIX shell and /proc (network devices, Windows) opts out with this host var. Only
-        # a recognised false skips the wait. Any other value that is not a recognised true fails the host
-        # here, before its first task, with one line (mandatory's msg): the bool filter would read a typo
-        # as false, and skip the wait unasked.
-        value = "(hostlock_serialize_wait_in_flight | default(true) | string | lower)"
-        refusal = ("'hostlock.core.serialize: hostlock_serialize_wait_in_flight must be true or false, not ' ~ "
-                   "(hostlock_serialize_wait_in_flight | string | truncate(40) | to_json) ~ '; nothing ran on "
-                   "this host'")
-        task.when = [trust_as_template(
-            f"{value} in {_TRUE_WORDS!r} or ({value} not in {_FALSE_WORDS!r} and "
-            f"(hostlock_serialize__never_defined | mandatory(msg={refusal})))"
-        )]
-        task.check_mode = False
-        task.tags = ["always"]
-        task.set_loader(play._loader)
-        block.block = [task]
-        play.pre_tasks = [block] + list(play.pre_tasks or [])
+    def _mark_play(self, play: t.Any, hosts: list[str]) -> None:
+        waiting = [h for h in hosts if h in self._needs_wait]
+        mark_play(play, self._scope(), self._run_id, self._timeout(), None if len(waiting) == len(hosts) else waiting)
 
     def _scope(self) -> str:
         """Short id of this lock set: the resolved controller lock directory (or the fleet's key prefix) and
@@ -788,6 +658,8 @@ class CallbackModule(CallbackBase):
         host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
         for line in (data.get("stdout") or "").splitlines():  # a command line of the host's: inert here
             self._say(f"[{_clock()}] hostlock.core.serialize: host {host}: {one_line(line)}")
+        if data.get("rc") == 0 and not data.get("failed") and not data.get("skipped"):
+            self._needs_wait.discard(host)  # nothing of an earlier run's is left there
         if data.get("rc") == EXIT_BUSY:
             self._end_run(
                 f"hostlock.core.serialize: host {host} still runs an earlier run's task after the timeout "
@@ -801,39 +673,13 @@ class CallbackModule(CallbackBase):
         data = getattr(result, "result", None)
         if data is None:  # older CallbackTaskResult
             data = result._result
-        self._waited_in_flight(result, data)
         host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
-        items = data.get("results") if isinstance(data.get("results"), list) else [data]
-        for item in items:
-            info = item.get(RESULT_KEY) if isinstance(item, dict) else None
-            if isinstance(info, dict) and info.get("name"):
-                self._account(host, info)
-
-    def _account(self, host: str, info: dict) -> None:
-        key = (host, str(info["name"]))
-        use = self._uses.setdefault(key, dict(uses=0, waited=0.0, max_waited=0.0, held=0.0, conflicts=0))
-        event = info.get("event")
-        waited = float(info.get("waited") or 0.0)
-        if event in ("acquired", "locked"):
-            use["uses"] += 1
-            use["waited"] += waited
-            use["max_waited"] = max(use["max_waited"], waited)
-            use["held"] += float(info.get("held") or 0.0)
-        elif event == "conflict":
-            use["conflicts"] += 1
-            use["waited"] += waited
-        leases = self._leases.setdefault(key, {})
-        tid = info.get("token_id")
-        # Without a token id (a module that did not report one) pair a release with the latest lease.
-        found = tid if tid in leases else (next(reversed(leases)) if leases and not tid else None)
-        if event == "acquired":
-            leases[tid or f"#{len(leases)}"] = dict(info, taken_at=time.monotonic())
-        elif event == "renewed" and found:
-            leases[found] = dict(leases[found], lease_expires=info.get("lease_expires"))
-        elif event == "released" and found:
-            use["held"] += time.monotonic() - leases.pop(found)["taken_at"]
-        elif event == "broken":
-            leases.clear()
+        task = getattr(result, "task", None) or getattr(result, "_task", None)
+        self._running.get(host, set()).discard(str(getattr(task, "_uuid", "")))
+        if _may_outlive(data):
+            self._unclean.add(host)
+        self._waited_in_flight(result, data)
+        self._recap.record(host, data)
 
     def _on_lost(self, name: str) -> None:
         """From the lock's keep-alive thread: note the loss (the run ends before its next task) and say it now."""
@@ -861,6 +707,14 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_handler_task_start(self, task: t.Any) -> None:
         self._check_lost()
 
+    def v2_runner_on_start(self, host: t.Any, task: t.Any) -> None:
+        self._running.setdefault(host.get_name(), set()).add(task._uuid)
+
+    def v2_runner_on_unreachable(self, result: t.Any) -> None:
+        self._record(result)
+        host = result.host.get_name() if hasattr(result, "host") else result._host.get_name()
+        self._unclean.add(host)  # the connection failed: what it started there may still run
+
     def v2_runner_on_ok(self, result: t.Any) -> None:
         self._record(result)
 
@@ -872,35 +726,10 @@ class CallbackModule(CallbackBase):
 
     # -- end of the playbook ---------------------------------------------------------------------
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
-        self._release_all()
-        if self._opt["recap"] and (self._waits or self._uses):
-            self._print_recap()
-        now = time.time()
-        for (host, name), leases in sorted(self._leases.items()):
-            for lease in leases.values():
-                expires = lease.get("lease_expires")
-                if expires and expires > now:
-                    self._display.warning(
-                        "hostlock: {}: lock {} is still held by a lease of this run until {} ({:.0f}s from now); "
-                        "release it with hostlock.core.lock state=released and its token, or wait for the lease".format(
-                            host, name, time.strftime("%H:%M:%S", time.localtime(expires)), expires - now
-                        )
-                    )
-        self._waits, self._uses, self._leases = [], {}, {}
-
-    def _print_recap(self) -> None:
-        self._say("\nHOSTLOCK RECAP " + "*" * 64)
-        if self._waits:
-            per_host: dict[str, list[float]] = {}
-            for host, waited, held in self._waits:
-                acc = per_host.setdefault(host, [0, 0.0, 0.0])
-                acc[0] += 1
-                acc[1] += waited
-                acc[2] += held
-            for host, (plays, waited, held) in sorted(per_host.items()):
-                self._say("%-26s : serialize  plays=%d  waited=%.2fs  held=%.2fs" % (host, plays, waited, held))
-        for (host, name), use in sorted(self._uses.items()):
-            self._say(
-                "%-26s : lock %-16s uses=%d  waited=%.2fs (max %.2fs)  held=%.2fs  conflicts=%d"
-                % (host, name, use["uses"], use["waited"], use["max_waited"], use["held"], use["conflicts"])
-            )
+        self._release_all(clean=True)  # sent only after the last play ended: every task's result is in
+        if self._opt["recap"]:
+            for line in self._recap.lines():
+                self._say(line)
+        for warning in self._recap.leases_left():
+            self._display.warning(warning)
+        self._recap = Recap()

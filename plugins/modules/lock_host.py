@@ -66,6 +66,7 @@ RETURN = r"""
 # As hostlock.core.lock (ansible-doc hostlock.core.lock).
 """
 
+import os
 import time
 import typing as t
 

@@ -13,6 +13,8 @@ import os
 import socket
 import typing as t
 
+from ansible_collections.hostlock.core.plugins.plugin_utils._job import job_text
+
 # Longest label we store: it shows in `hostlock status` lines and in other tasks' error messages.
 LABEL_MAX = 160
 
@@ -30,13 +32,15 @@ def controller_id() -> str:
 
 
 def task_label(task: t.Any, task_vars: dict | None) -> str:
-    """Default lock label naming the play, the task and the controller (shown by `hostlock status`)."""
+    """Default lock label naming the play, the task and the controller (shown by `hostlock status`), and the
+    AWX/AAP job from its extra variables (for display only: plugin_utils/_job.py)."""
     play = (task_vars or {}).get("ansible_play_name") or "?"
     try:
         name = task.get_name()
     except Exception:  # a label must never break the task it describes
         name = getattr(task, "action", "?")
-    label = f"ansible {controller_id()}: play '{play}', task '{name}'"
+    job = job_text(task_vars)
+    label = f"ansible {controller_id()}{' ' + job if job else ''}: play '{play}', task '{name}'"
     return label if len(label) <= LABEL_MAX else label[: LABEL_MAX - 3] + "..."
 
 

@@ -193,8 +193,9 @@ def _pids_with_env(var: str, suffix: str) -> list[int]:
     return found
 
 
-def build_collection(work: Path) -> Path:
-    """hostlock.core as users get it: build the tarball, install it under work; returns the collections path."""
+def build_collection(work: Path, source: Path = REPO) -> Path:
+    """hostlock.core as users get it: build the tarball, install it under work; returns the collections path.
+    `source`: another tree of the collection (benchmarks compare a commit's with this checkout's)."""
     galaxy = str(VENV_BIN / "ansible-galaxy")
     work.mkdir(parents=True, exist_ok=True)
     cfg = work / "ansible.cfg"
@@ -203,7 +204,7 @@ def build_collection(work: Path) -> Path:
     for old in work.glob("hostlock-core-*.tar.gz"):
         old.unlink()
     build = subprocess.run(
-        [galaxy, "collection", "build", str(REPO), "--output-path", str(work), "--force"],
+        [galaxy, "collection", "build", str(source), "--output-path", str(work), "--force"],
         env=env,
         capture_output=True,
         text=True,

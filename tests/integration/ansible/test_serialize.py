@@ -19,6 +19,7 @@ import pytest
 from harness import hostlock_cli
 
 CALLBACKS = "record,hostlock.core.serialize"
+WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
 BUSY = 75
 
 
@@ -272,7 +273,7 @@ def test_host_var_opts_out_of_the_in_flight_wait(ansible):
         gate.touch()
         _reap(first)
     assert run.rc == 0, run.out
-    waits = run.results()["hostlock.core.serialize: wait for earlier runs' tasks on this host"]
+    waits = run.results()[WAIT_TASK]
     assert waits["loc"]["_status"] == "skipped", waits
     assert "B loc end" in log.read_text()
 
@@ -298,7 +299,7 @@ def test_a_host_var_that_says_true_keeps_the_wait(ansible, value):
     run = ansible.play("serialized.yml", "-e", f"hostlock_serialize_wait_in_flight={value}",
                        extra_vars=dict(pattern="loc", tag="B", log=str(log), gate=""), **_env(ansible))
     assert run.rc == 0, run.out
-    waits = run.results()["hostlock.core.serialize: wait for earlier runs' tasks on this host"]
+    waits = run.results()[WAIT_TASK]
     assert waits["loc"]["_status"] != "skipped", waits
     assert "B loc end" in log.read_text()
 
@@ -677,3 +678,105 @@ def test_check_mode_locks_a_play_that_changes_hosts_for_real(ansible):
     assert checked.rc == BUSY, checked.out
     assert "check mode, but play 'Work for real, even under --check' has a task with check_mode: false" in checked.out
     assert "C loc start" not in log.read_text(), log.read_text()
+
+
+# -- the wait only where an earlier holder may have left work (issue 40 item 9) ------------------------------
+
+def _waited_on(run) -> dict[str, str]:
+    """{host: status} of the run's in-flight wait task; empty when the play had none."""
+    return {h: r["_status"] for h, r in run.results().get(WAIT_TASK, {}).items()}
+
+
+def _play(ansible, hosts: str, tag: str, log: Path, **env):
+    return ansible.play("serialized.yml", extra_vars=dict(pattern=hosts, tag=tag, log=str(log), gate=""),
+                        **_env(ansible, **env))
+
+
+def _entry(ansible, host: str) -> Path:
+    return ansible.ctl_lockdir / f".serialize={os.geteuid()}=ansible-host@{host}"
+
+
+def test_a_clean_end_lets_the_next_run_skip_the_wait_and_a_killed_one_does_not(ansible):
+    """The wait costs a module run per host per play; a run whose hosts' last holder ended cleanly runs none.
+    A clean run, then one killed mid-task: the next run waits for the killed run's task (and only on the
+    host it was killed on), then the run after it skips again."""
+    log, gate = ansible.work / "handover.log", ansible.work / "gate-a"
+    log.touch()
+    first = _play(ansible, "loc:loc2", "A", log)
+    assert first.rc == 0, first.out
+    assert _waited_on(first) != {}, "nothing was known of these hosts: the first run waits"
+    assert _entry(ansible, "loc").read_bytes() == b"clean\n"
+    second = _play(ansible, "loc:loc2", "B", log)
+    assert second.rc == 0 and _waited_on(second) == {}, second.out
+    killed = _start(ansible, "loc", "K", log, gate, stubborn=True)
+    third = None
+    try:
+        _wait_for(lambda: "K loc start" in log.read_text(), what="run K to start its task", proc=killed)
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(60)
+        third = _start(ansible, "loc:loc2", "C", log)
+        _wait_for(lambda: _in_flight_waiters(ansible, "loc"), what="run C to wait for K's task", proc=third)
+        assert "C loc start" not in log.read_text()
+        gate.touch()
+        out = _finish(third)
+    finally:
+        gate.touch()
+        _reap(killed)
+        if third is not None:
+            _reap(third)
+    assert third.returncode == 0, out
+    times = _times(log)
+    assert times[("C", "loc", "start")] >= times[("K", "loc", "end")], _show(log)
+    assert "host loc: waiting for pid" in out and "host loc2: waiting" not in out, out
+    fourth = _play(ansible, "loc:loc2", "D", log)
+    assert fourth.rc == 0 and _waited_on(fourth) == {}, fourth.out
+
+
+def test_only_the_hosts_that_need_it_wait(ansible):
+    log = ansible.work / "partial.log"
+    log.touch()
+    assert _play(ansible, "loc", "A", log).rc == 0
+    run = _play(ansible, "loc:loc2", "B", log)
+    assert run.rc == 0, run.out
+    assert _waited_on(run) == {"loc": "skipped", "loc2": "ok"}, run.results()
+
+
+def test_an_async_job_left_with_poll_0_is_waited_for_by_the_next_run(ansible):
+    """A run that ends cleanly but left a job running on the host (async, poll 0): the next run waits for it."""
+    log, gate = ansible.work / "async.log", ansible.work / "gate-async"
+    log.touch()
+    assert _play(ansible, "loc", "A", log).rc == 0  # the host is known clean now
+    left = ansible.play("serialized_async.yml", extra_vars=dict(pattern="loc", tag="J", log=str(log), gate=str(gate)),
+                        **_env(ansible))
+    assert left.rc == 0, left.out
+    _wait_for(lambda: "J loc start" in log.read_text(), what="the async job to start")
+    nxt = _start(ansible, "loc", "B", log)
+    try:
+        _wait_for(lambda: _in_flight_waiters(ansible, "loc"), what="the next run to wait for the job", proc=nxt)
+        assert "B loc start" not in log.read_text()
+        gate.touch()
+        out = _finish(nxt)
+    finally:
+        gate.touch()
+        _reap(nxt)
+    assert nxt.returncode == 0, out
+    times = _times(log)
+    assert times[("B", "loc", "start")] >= times[("J", "loc", "end")], _show(log)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make files of another owner")
+@pytest.mark.parametrize("what", ["our entry, planted by another user", "another user's newer entry"])
+def test_another_user_cannot_make_a_run_skip_the_wait(ansible, what):
+    """Only bytes of our own uid say clean; a newer entry of anyone's means someone held the host since."""
+    log = ansible.work / "planted.log"
+    log.touch()
+    if what.startswith("our entry"):
+        planted = _entry(ansible, "loc")
+    else:
+        assert _play(ansible, "loc", "A", log).rc == 0
+        planted = ansible.ctl_lockdir / ".serialize=65534=ansible-host@loc"
+    planted.write_bytes(b"clean\n")
+    os.chown(planted, 65534, 65534)
+    run = _play(ansible, "loc", "B", log)
+    assert run.rc == 0, run.out
+    assert _waited_on(run) == {"loc": "ok"}, run.results()

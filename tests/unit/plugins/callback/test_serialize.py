@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ansible.plugins.loader import callback_loader
-from ansible_collections.hostlock.core.plugins.callback.serialize import lock_name
 from ansible_collections.hostlock.core.plugins.module_utils import hostlock
-
-
-def test_lock_name_is_valid_and_distinct():
-    assert lock_name("ansible-host@", "web1.example.com") == "ansible-host@web1.example.com"
-    odd = [lock_name("ansible-host@", h) for h in ("fe80::1", "fe80__1", "a b", "x" * 200)]
-    for name in odd:
-        hostlock.validate_name(name)
-    assert len(set(odd)) == len(odd), "hosts whose names need changes must not collide"
 
 
 @pytest.fixture
@@ -64,39 +55,6 @@ def test_busy_host_ends_the_run_after_the_timeout(callback, capsys):
             callback._lock_hosts(["w", "x"], "play")
     assert ended.value.code == 75
     assert _held(callback) == [], "a run that gives up holds nothing"
-
-
-def test_leases_left_held_are_tracked(callback):
-    lease = dict(name="deploy", event="acquired", waited=0.5, token_id="aaa", lease_expires=4e9)
-    callback._account("h1", lease)
-    callback._account("h1", dict(lease, token_id="bbb"))
-    callback._account("h1", dict(name="deploy", event="released", waited=0, token_id="aaa"))
-    assert list(callback._leases[("h1", "deploy")]) == ["bbb"]
-    callback._account("h1", dict(name="apt", event="locked", waited=1.0, held=2.0))
-    use = callback._uses[("h1", "apt")]
-    assert use["uses"] == 1 and use["held"] == 2.0 and use["max_waited"] == 1.0
-
-
-def test_bucket_and_host_names_never_collide():
-    from ansible_collections.hostlock.core.plugins.callback.serialize import BUCKETS, bucket_name
-
-    buckets = {bucket_name("ansible-host@", b) for b in range(BUCKETS)}
-    for name in buckets:
-        hostlock.validate_name(name)
-    # a host literally named like a bucket gets a hashed name, never the bucket's
-    assert lock_name("ansible-host@", ".bucket-07") not in buckets
-
-
-def test_plan_stays_within_the_descriptor_budget():
-    from ansible_collections.hostlock.core.plugins.callback.serialize import BUCKETS, plan
-
-    small = plan(["a", "b", "c"], budget=256)
-    assert sorted(small.values()).count("exclusive") == 3  # one per host; the buckets are shared
-    assert all(mode == "shared" for (b, kind, h), mode in small.items() if kind == 0)
-    large = plan([f"h{i}" for i in range(10_000)], budget=256)
-    assert len(large) == BUCKETS and set(large.values()) == {"exclusive"}
-    for bucket, kind, host in small:  # in key order a bucket's lock comes before its hosts' locks
-        assert kind == 0 or (bucket, 0, "") < (bucket, kind, host)
 
 
 def test_a_large_play_and_a_small_play_exclude_each_other(tmp_path, monkeypatch):
@@ -164,3 +122,42 @@ def test_a_lost_fleet_lock_ends_the_run_before_the_next_task(callback):
     with pytest.raises(SystemExit) as ended:
         callback.v2_playbook_on_task_start(None, False)
     assert ended.value.code == 79
+
+
+@pytest.mark.parametrize("result,outlives", [
+    (dict(rc=0), False),
+    (dict(failed=True, msg="boom"), False),  # the module ended, with a failure
+    (dict(ansible_job_id="j1", started=1, finished=0), True),  # async, poll: 0
+    (dict(ansible_job_id="j1", finished=1, rc=0), False),  # async, polled to its end
+    (dict(failed=True, timedout=dict(period=1)), True),  # the timeout keyword ended it on the controller
+    (dict(unreachable=True), True),
+    (dict(results=[dict(rc=0), dict(ansible_job_id="j2", finished=0)]), True),  # one item of a loop
+])
+def test_a_result_whose_work_may_outlive_it_keeps_the_host_dirty(result, outlives):
+    from ansible_collections.hostlock.core.plugins.callback.serialize import _may_outlive
+
+    assert _may_outlive(result) is outlives
+
+
+def test_every_documented_option_is_known_to_the_misspelling_check():
+    """A key or variable naming no option stops the run: the list it checks against is the documented one."""
+    import yaml
+    from ansible_collections.hostlock.core.plugins.callback import serialize
+    from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import OPTIONS
+
+    assert sorted(yaml.safe_load(serialize.DOCUMENTATION)["options"]) == sorted(OPTIONS)
+
+
+def test_a_misspelt_section_key_or_variable_is_named(tmp_path, monkeypatch):
+    from ansible_collections.hostlock.core.plugins.plugin_utils import _serialize_config as config
+    from ansible_collections.hostlock.core.plugins.plugin_utils._serialize_plan import OPTIONS
+
+    cfg = tmp_path / "ansible.cfg"
+    cfg.write_text("[defaults]\nx = 1\n[hostlock-serialize]\ntimeout = 1\n[hostlock_serialize]\ntimout = 1\n"
+                   "timeout = 2\n[hostlock]\ny = 2\n")
+    monkeypatch.setattr(config, "config_file", lambda: str(cfg))
+    found = config.setting_mistakes(OPTIONS, {"HOSTLOCK_SERIALIZE_TIMOUT": "1", "HOSTLOCK_SERIALIZE_HOST": "x",
+                                              "HOSTLOCK_SERIALIZE_FLEET": ""})
+    assert len(found) == 3, found
+    assert "section [hostlock-serialize]" in found[0] and "did you mean timeout?" in found[1], found
+    assert found[2].startswith("environment variable HOSTLOCK_SERIALIZE_TIMOUT"), found
