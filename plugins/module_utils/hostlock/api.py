@@ -246,7 +246,7 @@ class Lock:
         """Rewrite our owner record, e.g. so status names the job a supervisor started (not held yet: the record
         the lock will be taken with).
 
-        `defer=True`: a fleet lock's keep-alive thread writes it 0.1 s later (fleet.lock.KEY_WATCH_DELAY), and
+        `defer=True`: a fleet lock's keep-alive thread writes it 0.1 s later (fleet.session.KEY_WATCH_DELAY), and
         not at all if the lock is released (or the record rewritten) first: a lock held that briefly costs no
         second round trip to etcd (`hostlock run --fleet` names its job's pid this way). A key found gone then
         is the lock's loss (`lost`, on_lost), as the thread's watch of it would find. Host locks: written now.

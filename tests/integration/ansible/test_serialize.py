@@ -448,15 +448,39 @@ def test_local_error_is_not_try_again(ansible, tmp_path):
 
 
 def test_killed_run_frees_controller_locks_at_once_and_its_lease_later(ansible, engine):
-    marker = ansible.work / "marker"
-    lease = 3
+    """The controller's host lock ends with the killed run; the lease it took on the host outlives it, until
+    the lease runs out. "Outlives" is judged against the lease's own expiry (its record): a check that ended
+    after it proves nothing either way (a machine slow enough for a whole lease to pass), so the run is made
+    again with a lease four times longer; a lock found free before its lease's expiry fails at once."""
+    for attempt, lease in enumerate((3, 12, 48)):
+        if _killed_run_frees_controller_locks(ansible, engine, lease, attempt):
+            return
+    pytest.fail("even a 48 s lease ran out before the check after the run's death ended")
+
+
+def _killed_run_frees_controller_locks(ansible, engine, lease: int, attempt: int) -> bool:
+    """One try of the test above: False when the lease ran out before a check ended (no conclusion)."""
+    marker = ansible.work / f"marker-{attempt}"
+    name = f"killed-{attempt}"
     run = ansible.popen(
         "killed.yml",
-        extra_vars=dict(target="loc", lock="killed", lease=lease, marker=str(marker)),
+        extra_vars=dict(target="loc", lock=name, lease=lease, marker=str(marker)),
         **_env(ansible),
     )
     try:
         _wait_for(marker.exists, what="the run to take its lease", proc=run)
+        live: list = []
+
+        def listed() -> list:  # the lease's holder, as status lists it (seen to follow the marker by a moment)
+            live[:] = [h for h in engine.holders(name, directory=str(ansible.lockdir)) if not h.stale]
+            return live
+
+        # Taken before the marker was made, the lease has surely run out a lease's length after it.
+        ran_out = marker.stat().st_mtime + lease + 1
+        _wait_for(lambda: listed() or time.time() >= ran_out, what="the lease's holder to be listed", proc=run)
+        if not live:
+            return False  # it ran out before status could list it
+        expires = live[0].lease_expires
         ctl = engine.Lock("ansible-host@loc", directory=str(ansible.ctl_lockdir))
         with pytest.raises(engine.LockTimeout):
             ctl.acquire(timeout=0)  # the run holds its host
@@ -466,14 +490,17 @@ def test_killed_run_frees_controller_locks_at_once_and_its_lease_later(ansible, 
         ctl.release()
         # the lease on the host outlives the run, and ends with its lease
         blocked = subprocess.run(
-            [*hostlock_cli(), "run", "-n", "-q", "-d", str(ansible.lockdir), "killed", "true"], check=False
+            [*hostlock_cli(), "run", "-n", "-q", "-d", str(ansible.lockdir), name, "true"], check=False
         )
+        if blocked.returncode != BUSY and time.time() >= expires:
+            return False
         assert blocked.returncode == BUSY
         _wait_for(
-            lambda: not [h for h in engine.holders("killed", directory=str(ansible.lockdir)) if not h.stale],
+            lambda: not [h for h in engine.holders(name, directory=str(ansible.lockdir)) if not h.stale],
             timeout=lease + 60,
             what="the lease to end",
         )
+        return True
     finally:
         _reap(run)  # the workers and `sleep 60` the killed run left behind
 

@@ -77,12 +77,12 @@ def test_a_url_that_cannot_take_a_grant_leaves_nothing_and_raises_nothing(url):
 RUN = """
 import sys
 from hostlock.cli import main
-from hostlock.fleet import grant, lock
+from hostlock.fleet import grant, session
 
 sent, taken = [], []
-send, take = grant.send_early, lock.take_early
+send, take = grant.send_early, session.take_early
 grant.send_early = lambda url, ttl: (sent.append((url, ttl)), send(url, ttl))[1]
-lock.take_early = lambda client, ttl: (lambda got: (taken.append(got is not None), got)[1])(take(client, ttl))
+session.take_early = lambda client, ttl: (lambda got: (taken.append(got is not None), got)[1])(take(client, ttl))
 code = main(["run", "--fleet", sys.argv[1], "early-run", "sh", "-c", 'test -n "$HOSTLOCK_FENCE"'])
 print(sent == [(sys.argv[1], 10.0)], taken == [True], code)
 """

@@ -109,11 +109,12 @@ def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_wri
     once the lock is held: a second write (version 2) when the queue transaction had gone with the record
     before `meanwhile` ran, none when it was built after (version 1)."""
     from hostlock.fleet import etcd as _etcd
+    from hostlock.fleet import transport as _transport
 
     lock = hostlock.Lock("mw", fleet=etcd.url)
     sent = []
     answered = []
-    real_send, real_answer = _etcd._Conn.send, _etcd._Conn.answer
+    real_send, real_answer = _transport._Conn.send, _transport._Conn.answer
 
     def send(conn, request, timeout):
         real_send(conn, request, timeout)
@@ -123,8 +124,8 @@ def test_meanwhile_runs_once_the_requests_are_on_their_way_and_its_record_is_wri
         answered.append(len(sent))
         return real_answer(conn, end)
 
-    monkeypatch.setattr(_etcd._Conn, "send", send)
-    monkeypatch.setattr(_etcd._Conn, "answer", answer)
+    monkeypatch.setattr(_transport._Conn, "send", send)
+    monkeypatch.setattr(_transport._Conn, "answer", answer)
     if way == "sequential":
         monkeypatch.setattr(_etcd.Client, "two_in_turn", lambda self, *a, **kw: (None, None))
     seen = []
@@ -185,7 +186,7 @@ def test_a_deferred_record_is_written_by_the_thread_a_moment_later_and_never_for
     once; the keep-alive thread writes it KEY_WATCH_DELAY later (version 2, the time the lock was taken kept).
     Released sooner, it is never written: such a hold costs etcd two writes (the key, its revoke), as without
     the record (the revision counts etcd's writes; a write tried after the revoke fails its compare)."""
-    from hostlock.fleet.lock import KEY_WATCH_DELAY
+    from hostlock.fleet.session import KEY_WATCH_DELAY
 
     lock = hostlock.Lock("mw", fleet=etcd.url).acquire()
     try:

@@ -23,6 +23,7 @@ import hostlock
 from hostlock.fleet import etcd as _etcd
 from hostlock.fleet import lock as _etcd_lock
 from hostlock.fleet import queue as _etcd_queue
+from hostlock.fleet import transport as _transport
 
 
 @pytest.fixture(params=["in_turn", "sequential"])
@@ -41,7 +42,7 @@ def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch, 
     revoked = []
     real_call = _etcd_lock.Client.call
     real_two_in_turn = _etcd.Client.two_in_turn
-    real_send = _etcd._Conn.send
+    real_send = _transport._Conn.send
     grants = []  # the connection the pipelined grant went on, once written in full
 
     def call(self, path, body, deadline, *a, **kw):
@@ -69,7 +70,7 @@ def test_a_lease_gone_between_grant_and_put_is_granted_again(etcd, monkeypatch, 
 
     monkeypatch.setattr(_etcd_lock.Client, "call", call)
     if way == "in_turn":
-        monkeypatch.setattr(_etcd._Conn, "send", send)
+        monkeypatch.setattr(_transport._Conn, "send", send)
         monkeypatch.setattr(_etcd.Client, "two_in_turn", two_in_turn)
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)
@@ -175,7 +176,7 @@ def test_the_queue_transaction_follows_the_grants_answer_on_its_connection(etcd,
     a grant that reached etcd late (after the command revoked its id) would take that transaction's key with
     it, a key nobody holds (Client.two_in_turn)."""
     order = []
-    real_send, real_answer = _etcd._Conn.send, _etcd._Conn.answer
+    real_send, real_answer = _transport._Conn.send, _transport._Conn.answer
 
     def send(conn, request, timeout):
         order.append(request.split(b" ")[1])
@@ -185,8 +186,8 @@ def test_the_queue_transaction_follows_the_grants_answer_on_its_connection(etcd,
         order.append(b"answer")
         return real_answer(conn, end)
 
-    monkeypatch.setattr(_etcd._Conn, "send", send)
-    monkeypatch.setattr(_etcd._Conn, "answer", answer)
+    monkeypatch.setattr(_transport._Conn, "send", send)
+    monkeypatch.setattr(_transport._Conn, "answer", answer)
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)
     try:
@@ -206,7 +207,7 @@ def test_a_connection_broken_after_a_request_falls_back_to_one_request_at_a_time
     compare finds our key, its range reads the queue). Either way one key, on the lease we keep, and no lease
     left behind."""
     seen = []
-    real_answer = _etcd._Conn.answer
+    real_answer = _transport._Conn.answer
 
     def answer(self, end):
         seen.append(1)
@@ -215,7 +216,7 @@ def test_a_connection_broken_after_a_request_falls_back_to_one_request_at_a_time
             raise ConnectionResetError("cut")
         return real_answer(self, end)
 
-    monkeypatch.setattr(_etcd._Conn, "answer", answer)
+    monkeypatch.setattr(_transport._Conn, "answer", answer)
     lock = hostlock.Lock("deploy", fleet=etcd.url)
     lock.acquire(timeout=30)
     try:
@@ -276,7 +277,7 @@ def test_a_grant_answered_with_connection_close_still_starts_the_session(monkeyp
 
     threading.Thread(target=peer, daemon=True).start()
     client = _etcd.Client(_url.parse("etcd://127.0.0.1:9"))
-    monkeypatch.setattr(client, "_conn", lambda i, timeout: (_etcd._Conn(a), False))
+    monkeypatch.setattr(client, "_conn", lambda i, timeout: (_transport._Conn(a), False))
     started = []
     first, second = client.two_in_turn("lease/grant", {"ID": "7", "TTL": 10}, lambda: ("kv/txn", {}),
                                        time.monotonic() + 30, [], None, started.append)

@@ -43,7 +43,7 @@ def other_sessions_closed():
     import gc
     import time
 
-    from hostlock.fleet.lock import Session
+    from hostlock.fleet.session import Session
 
     def busy(o):
         return isinstance(o, Session) and o._stopped and (o._fds or o.thread_has_fds)
@@ -230,9 +230,9 @@ def test_break_force_ends_that_lock_alone_of_a_process_holding_several(etcd):
 def test_a_key_deleted_before_its_watch_opens_is_still_lost(etcd, monkeypatch):
     """The key's watch opens KEY_WATCH_DELAY after the key was made, from the revision after its creation:
     a deletion in between still arrives (here the delay is made long, so the deletion surely comes first)."""
-    from hostlock.fleet import lock as _etcd_lock
+    from hostlock.fleet import session as _session
 
-    monkeypatch.setattr(_etcd_lock, "KEY_WATCH_DELAY", 5.0)
+    monkeypatch.setattr(_session, "KEY_WATCH_DELAY", 5.0)
     lost = threading.Event()
     a = hostlock.Lock("a", fleet=etcd.url, on_lost=lost.set)
     a.acquire(timeout=GUARD)

@@ -28,6 +28,7 @@ import fleet_etcd
 import pytest
 
 from hostlock.fleet import etcd as _etcd
+from hostlock.fleet import transport as _transport
 from hostlock.fleet import url as _fleet
 
 LIB = Path(engine_helpers.LIB)  # a copy every user can read: uid 65534 runs the launcher (private checkouts)
@@ -456,7 +457,7 @@ def _serve(answer: bytes) -> socket.socket:
     (b"HTTP/1.1 200 OK\r\nConnection: close\r\ncontent-length: 2\r\n\r\n{}", 200, b"{}", True),
 ])
 def test_the_client_reads_every_framing_the_gateway_may_use(answer, status, body, close):
-    conn = _etcd._Conn(_serve(answer))
+    conn = _transport._Conn(_serve(answer))
     try:
         assert conn.exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 10) == (status, body, close)
     finally:
@@ -464,14 +465,14 @@ def test_the_client_reads_every_framing_the_gateway_may_use(answer, status, body
 
 
 @pytest.mark.parametrize("answer, error", [
-    (b"", _etcd._Silent),  # closed before a word: the case the scheme probe looks at
+    (b"", _transport._Silent),  # closed before a word: the case the scheme probe looks at
     (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{}", ConnectionResetError),  # cut in the middle
-    (b"\x15\x03\x03\x00\x02\x02\x46", _etcd._NotHTTP),  # a TLS alert is not HTTP: a URL mistake
-    (b"SSH-2.0-OpenSSH_9.2\r\n", _etcd._NotHTTP),
+    (b"\x15\x03\x03\x00\x02\x02\x46", _transport._NotHTTP),  # a TLS alert is not HTTP: a URL mistake
+    (b"SSH-2.0-OpenSSH_9.2\r\n", _transport._NotHTTP),
 ])
 def test_the_client_refuses_what_is_not_a_whole_answer(answer, error):
     """Never a half answer taken for a whole one: the caller retries or diagnoses instead."""
-    conn = _etcd._Conn(_serve(answer))
+    conn = _transport._Conn(_serve(answer))
     try:
         with pytest.raises(error):
             conn.exchange(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 10)

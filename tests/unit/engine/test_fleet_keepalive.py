@@ -1,4 +1,4 @@
-"""The keep-alive thread (fleet/lock.py's Session, running fleet/keepalive.py) against a stand-in client: what it
+"""The keep-alive thread (fleet/session.py's Session, running fleet/keepalive.py) against a stand-in client: what it
 must notice without a real etcd to make the timing happen."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 
 from hostlock.core.clock import boottime
 from hostlock.fleet import keepalive as _keepalive
-from hostlock.fleet import lock as _lock
+from hostlock.fleet import session as _session
 from hostlock.fleet.watch import Watch
 
 GUARD = 30.0  # seconds: a hang guard, never a measured bound
@@ -53,9 +53,9 @@ def test_an_event_read_with_the_watchs_created_answer_is_not_left_unseen(monkeyp
                                   "events": [{"type": "DELETE", "kv": {"key": base64.b64encode(key).decode()}}]}})
     client = _Client(leftover)
     monkeypatch.setattr(_keepalive, "open_watch", lambda c, *a, **kw: c.watch(*a, **kw))
-    claim = _lock.Claim()
+    claim = _session.Claim()
     lost = threading.Event()
-    session = _lock.Session(client, 7, 10.0, boottime(), claim, None)
+    session = _session.Session(client, 7, 10.0, boottime(), claim, None)
     try:
         claim.on_lost = lost.set
         claim.watch_key(key, 5)

@@ -66,11 +66,11 @@ def test_another_threads_fork_during_an_exec_fork_keeps_its_hooks(hook, monkeypa
 
 def test_the_engines_parts_name_their_child_work_here():
     """Lock objects (api), host locks' detached waits and timer (host/kernel, host/waiting) and fleet sessions
-    (fleet/lock): each registered through forks, none straight with the interpreter (exec_fork would miss it)."""
+    (fleet/session): each registered through forks, none straight with the interpreter (exec_fork would miss it)."""
     from hostlock import api
-    from hostlock.fleet import lock as fleet_lock
+    from hostlock.fleet import session as fleet_session
     from hostlock.host import kernel, waiting
 
     for hook in (api._after_fork_in_child, kernel._close_detached_in_child, waiting._forget_alarm,
-                 fleet_lock._forget_sessions):
+                 fleet_session._forget_sessions):
         assert hook in forks._HOOKS, hook

@@ -11,7 +11,7 @@ from .etcd import Client, EtcdError, monotonic
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.model import Meanwhile
-    from .etcd import Pending
+    from .transport import Pending
 
 DEFAULT_TTL = FLEET_TTL  # a lock's lease (core.model), and how long an admin call waits on etcd
 

@@ -1,10 +1,10 @@
-"""A fleet lease's upkeep, run by its keep-alive thread (fleet/lock.py's Session): keep-alives every TTL/3, a
+"""A fleet lease's upkeep, run by its keep-alive thread (fleet/session.py's Session): keep-alives every TTL/3, a
 watch on each claim's key (deleted, or moved to another lease: that claim's loss), records written later
 (`update_record(defer=True)`), and the deletion of keys released while etcd did not answer.
 
 Loaded by the thread once its first sleep ends (KEY_WATCH_DELAY, 0.1 s), like `select` and fleet/watch.py: a
 `hostlock run --fleet` whose job is shorter never loads it (its code was ~20 KB of the ~290 KB a run unmarshals
-at its start). It works on the session it is given and imports nothing of fleet/lock.py, whose thread calls
+at its start). It works on the session it is given and imports nothing of fleet/session.py, whose thread calls
 it: the arrows point one way.
 """
 

@@ -17,9 +17,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .etcd import Client
     from .queue import Entry
+    from .session import Claim
     from .watch import Watch
-
-    Claim = Any  # fleet.lock.Claim (named, not imported: fleet.lock imports this module)
 
     class EtcdLocker(Protocol):
         """fleet.lock.EtcdLocker as used here."""

@@ -15,13 +15,11 @@ from .etcd import (
     MIN_TRY,
     Client,
     _code,
-    _member,
     _message,
-    _oserror,
-    _permanent,
     _Retry,
     monotonic,
 )
+from .transport import _member, _oserror, _permanent
 from .wirejson import dumps, loads
 
 TYPE_CHECKING = False
