@@ -3,6 +3,9 @@
 #   make test-roles      molecule test for each role: check mode on a fresh host, converge, idempotence, verify,
 #                        against a disposable SSH target (tests/integration/roles/target.sh: sshd on 127.0.0.1 in a
 #                        private mount namespace, so the roles write their real paths and this machine stays as it was)
+#                        and, beside them, tests/integration/roles/test_*.py (the cli role's installed tree against the
+#                        role that copied it file by file)
+#   make bench-roles     both roles on one fresh host, before/after the one-transfer install (benchmarks/roles.py)
 #   make lint-roles      ansible-lint, production profile, over both roles and their molecule scenarios
 #   make molecule ROLE=cron CMD=converge   one molecule command for one role (login, verify, destroy, ...)
 
@@ -15,8 +18,9 @@ MOLECULE           := $(abspath $(VENV_BIN))/molecule
 MOLECULE_ARGS      ?=
 ROLE               ?= cli
 CMD                ?= test
+ROLE_TESTS         := $(wildcard tests/integration/roles/test_*.py)
 
-.PHONY: test-roles lint-roles molecule roles-deps roles-collection
+.PHONY: test-roles lint-roles molecule roles-deps roles-collection bench-roles
 
 # sshd for the target; cron for crontab(1) and /etc/cron.d, which ansible.builtin.cron requires on the host;
 # man-db, with which the cli scenario renders the man page the role installs.
@@ -44,14 +48,21 @@ test-roles: venv roles-deps
 	  (cd roles/$$role && ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1 \
 	   && echo 0 >"$$logs/$$role.rc" || echo $$? >"$$logs/$$role.rc") & \
 	done; \
+	echo "make test-roles: pytest $(ROLE_TESTS) (log: $$logs/pytest.log)"; \
+	($(PYTEST) -q $(ROLE_TESTS) $(PYTEST_ARGS) >"$$logs/pytest.log" 2>&1 \
+	 && echo 0 >"$$logs/pytest.rc" || echo $$? >"$$logs/pytest.rc") & \
 	wait; failed=""; \
-	for role in $(ROLES); do \
+	for role in $(ROLES) pytest; do \
 	  rc=$$(cat "$$logs/$$role.rc"); \
 	  if [[ $$rc != 0 ]]; then failed="$$failed $$role"; cat "$$logs/$$role.log"; fi; \
-	  echo "make test-roles: hostlock.core.$$role: $$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
+	  echo "make test-roles: $$([[ $$role == pytest ]] && echo "$(ROLE_TESTS)" || echo "hostlock.core.$$role"):" \
+	    "$$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
 	  grep -E '^default (>|➜) [a-z_]+: Executed' "$$logs/$$role.log" | sed 's/^/  /' || true; \
 	done; \
 	[[ -z "$$failed" ]] || { echo "make test-roles: failed:$$failed"; exit 1; }
+
+bench-roles: venv roles-deps
+	$(PY) benchmarks/roles.py --docs docs/benchmarks.md $(BENCH_ARGS)
 
 molecule: venv roles-deps
 	cd roles/$(ROLE) && $(MOLECULE) $(CMD) $(MOLECULE_ARGS)

@@ -54,6 +54,8 @@ options:
     description: The launcher's interpreter, which byte-compiles the package and builds the bundle.
     type: path
     required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full

@@ -13,6 +13,7 @@ PLUGINS = [
     ("module", "hostlock.core.lock"),
     ("module", "hostlock.core.lock_info"),
     ("module", "hostlock.core.locked"),
+    ("module", "hostlock.core.cli_install"),
     ("callback", "hostlock.core.serialize"),
     ("role", "hostlock.core.cli"),
     ("role", "hostlock.core.cron"),

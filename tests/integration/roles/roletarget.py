@@ -23,15 +23,13 @@ VENV_BIN = REPO / ".venv" / "bin"
 # The host's interpreter, as in the scenarios (molecule.yml's ansible_python_interpreter).
 HOST_PYTHON = "/usr/bin/python3"
 
-# Both roles with their defaults and one job: what a user's first playbook does.
-PLAYBOOK = """\
-- name: Install the hostlock command and one cron job
-  hosts: all
-  gather_facts: false
-  tasks:
+# The playbooks, by file name: the cli role with its defaults, and both roles with one job (a user's first playbook).
+_CLI = """\
     - name: Install hostlock
       ansible.builtin.include_role:
         name: hostlock.core.cli
+"""
+_CRON = """\
     - name: Install the job
       ansible.builtin.include_role:
         name: hostlock.core.cron
@@ -39,10 +37,13 @@ PLAYBOOK = """\
         hostlock_cron_jobs:
           - {name: nightly, schedule: "@daily", command: /bin/true}
 """
+_PLAY = "- name: Install the hostlock command\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+PLAYBOOKS = {"cli.yml": _PLAY + _CLI, "both.yml": _PLAY + _CLI + _CRON}
 
-# Everything the two roles write with their defaults (the group is read from /etc/group).
-INSTALLED = ("/usr/local/lib/hostlock", "/usr/local/bin/hostlock", "/usr/local/share/man/man1",
-             "/usr/local/share/bash-completion", "/etc/tmpfiles.d/hostlock.conf", "/run/hostlock", "/etc/cron.d")
+# Everything the cli role writes with its defaults (the group is read from /etc/group); the cron role's directory.
+CLI_PATHS = ("/usr/local/lib/hostlock", "/usr/local/bin/hostlock", "/usr/local/share/man/man1",
+             "/usr/local/share/bash-completion", "/etc/tmpfiles.d/hostlock.conf", "/run/hostlock")
+CRON_PATHS = ("/etc/cron.d",)
 
 # Walks INSTALLED inside the target: one JSON object, path -> [type, mode, owner, group, digest]. Never follows a
 # symlink. Bytecode embeds its source's mtime (the .pyc header, the bundle's table), which differs between any two
@@ -113,32 +114,34 @@ class Target:
 
     def __init__(self, work: Path):
         self.work = work
+        work.mkdir(parents=True, exist_ok=True)
         self.box = work / "target"  # target.sh's WORKDIR (it refuses one under /tmp: hidden inside the target)
         subprocess.run([str(TARGET_SH), "start", str(self.box)], check=True, stdout=subprocess.DEVNULL)
         self.pid = int((self.box / "sshd.pid").read_text())
-        (work / "playbook.yml").write_text(PLAYBOOK)
+        for name, text in PLAYBOOKS.items():
+            (work / name).write_text(text)
         (work / "ansible.cfg").write_text("")  # no ansible.cfg of the caller's directory or home
 
-    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], check: bool, **kwargs) -> subprocess.CompletedProcess:
+        """`argv` inside the target's mount namespace."""
         return subprocess.run(["nsenter", "--mount", "--target", str(self.pid), f"--wd={self.work}", "--", *argv],
-                              **kwargs)
+                              check=check, **kwargs)
 
-    def play(self, collections: Path, *args: str, env: dict[str, str] | None = None) -> Play:
-        """ansible-playbook (this checkout's .venv) of PLAYBOOK, or of `args`' playbook, on the local connection;
+    def play(self, collections: Path, *args: str, playbook: str = "both.yml",
+             env: dict[str, str] | None = None) -> Play:
+        """ansible-playbook (this checkout's .venv) of one of PLAYBOOKS on the local connection, with `args`;
         `env` adds to its environment (which has none of the caller's ANSIBLE_* variables)."""
         env = {**{k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}, **(env or {})}
         env.update(ANSIBLE_COLLECTIONS_PATH=str(collections), ANSIBLE_LOCAL_TEMP=str(self.work / "tmp"),
                    ANSIBLE_REMOTE_TEMP=str(self.work / "tmp"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
                    ANSIBLE_CONFIG=str(self.work / "ansible.cfg"), PATH=f"{VENV_BIN}:{os.environ['PATH']}")
-        if not any(a.endswith(".yml") for a in args):
-            args = (*args, str(self.work / "playbook.yml"))
         start = time.monotonic()
         done = self.run([str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                         "-e", f"ansible_python_interpreter={HOST_PYTHON}", *args],
+                         "-e", f"ansible_python_interpreter={HOST_PYTHON}", *args, str(self.work / playbook)],
                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
         return Play(done.returncode, time.monotonic() - start, done.stdout)
 
-    def snapshot(self, paths: tuple[str, ...] = INSTALLED) -> dict[str, list[str]]:
+    def snapshot(self, paths: tuple[str, ...] = CLI_PATHS + CRON_PATHS) -> dict[str, list[str]]:
         """What is installed at `paths` (see _WALK), read inside the target."""
         done = self.run([HOST_PYTHON, "-I", "-c", _WALK, *paths], capture_output=True, text=True, check=True)
         return json.loads(done.stdout)
