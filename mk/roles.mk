@@ -5,7 +5,10 @@
 #                        against a disposable SSH target (tests/integration/roles/target.sh: sshd on 127.0.0.1 in a
 #                        private mount namespace, so the roles write their real paths and this machine stays as it was);
 #                        and for tests/integration/roles/lock_forms, a role that locks its work with locked, with_lock
-#                        and lock take-and-release, as an infra role would (its second converge changes nothing)
+#                        and lock take-and-release, as an infra role would (its second converge changes nothing);
+#                        and, beside them, tests/integration/roles/test_*.py (the cli role's installed tree against the
+#                        role that copied it file by file)
+#   make bench-roles     both roles on one fresh host, before/after the one-transfer install (benchmarks/roles.py)
 #   make lint-roles      ansible-lint, production profile, over both roles and their molecule scenarios
 #   make molecule ROLE=cron CMD=converge   one molecule command for one role (login, verify, destroy, ...)
 
@@ -24,8 +27,9 @@ MOLECULE_ARGS      ?=
 MOLECULE_HOME      ?= $(HOME)/.cache/hostlock-molecule/$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
 ROLE               ?= cli
 CMD                ?= test
+ROLE_TESTS         := $(wildcard tests/integration/roles/test_*.py)
 
-.PHONY: test-roles lint-roles molecule roles-deps roles-collection
+.PHONY: test-roles lint-roles molecule roles-deps roles-collection bench-roles
 
 # sshd for the target; cron for crontab(1) and /etc/cron.d, which ansible.builtin.cron requires on the host;
 # man-db, with which the cli scenario renders the man page the role installs.
@@ -54,14 +58,21 @@ test-roles: venv roles-deps
 	   $(MOLECULE) test $(MOLECULE_ARGS) >"$$logs/$$role.log" 2>&1 \
 	   && echo 0 >"$$logs/$$role.rc" || echo $$? >"$$logs/$$role.rc") & \
 	done; \
+	echo "make test-roles: pytest $(ROLE_TESTS) (log: $$logs/pytest.log)"; \
+	($(PYTEST) -q $(ROLE_TESTS) $(PYTEST_ARGS) >"$$logs/pytest.log" 2>&1 \
+	 && echo 0 >"$$logs/pytest.rc" || echo $$? >"$$logs/pytest.rc") & \
 	wait; failed=""; \
-	for dir in $(ROLE_DIRS); do role=$${dir##*/}; \
+	for dir in $(ROLE_DIRS) pytest; do role=$${dir##*/}; \
 	  rc=$$(cat "$$logs/$$role.rc"); \
 	  if [[ $$rc != 0 ]]; then failed="$$failed $$role"; cat "$$logs/$$role.log"; fi; \
-	  echo "make test-roles: $$dir: $$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
+	  echo "make test-roles: $$([[ $$role == pytest ]] && echo "$(ROLE_TESTS)" || echo "$$dir"):" \
+	    "$$(if [[ $$rc == 0 ]]; then echo passed; else echo FAILED rc=$$rc; fi)"; \
 	  grep -E '^default (>|➜) [a-z_]+: Executed' "$$logs/$$role.log" | sed 's/^/  /' || true; \
 	done; \
 	[[ -z "$$failed" ]] || { echo "make test-roles: failed:$$failed"; exit 1; }
+
+bench-roles: venv roles-deps
+	$(PY) benchmarks/roles.py --docs docs/benchmarks.md $(BENCH_ARGS)
 
 molecule: venv roles-deps
 	cd $(or $(filter %/$(ROLE),$(ROLE_DIRS)),roles/$(ROLE)) && MOLECULE_EPHEMERAL_DIRECTORY=$(MOLECULE_HOME)/$(ROLE) \

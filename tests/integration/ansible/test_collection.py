@@ -15,6 +15,7 @@ PLUGINS = [
     ("module", "hostlock.core.locked"),
     ("module", "hostlock.core.lock_host"),
     ("module", "hostlock.core.locked_host"),
+    ("module", "hostlock.core.cli_install"),
     ("callback", "hostlock.core.serialize"),
     ("role", "hostlock.core.cli"),
     ("role", "hostlock.core.cron"),
