@@ -9,8 +9,9 @@ Two questions, each answered by anchors measured in the same run:
    out for both kinds alike; that one-time cost is reported on its own (1-task play - empty play). The lock
    is taken, the wrapped module run and the lock released inside one module run on the host, so the target
    is locked/bare <= 1.15 per task for ping and command, <= 1.25 for template and copy (met or missed).
-2. hostlock.core.serialize: the same ping play with and without the callback, runs interleaved; overhead in
-   percent of the run (target: <= 3%, issue 40 item 9, the median of the pairs' ratios; local and SSH), plus the callback's own in-process cost per play.
+2. hostlock.core.serialize: the same ping play with and without the callback, runs interleaved (local and
+   SSH); overhead in percent of the run, the median of the pairs' ratios (target: <= 3%, issue 40), plus the
+   callback's own in-process cost per play.
 
 Prints a Markdown table and writes it into docs/benchmarks.md under "## Ansible" (only that section).
 """
