@@ -92,11 +92,17 @@ class ActionModule(ActionBase):
                 # ansible-playbook leaves its worker, and so the module's stdout, alive)
                 args["controller"] = controller_process()
         token = args.get("token")
-        beating = False
+        beating = _heartbeat.NONE
         if releasing and isinstance(token, str) and not self._task.check_mode:
             # stop renewing first: a renewal racing the release could only fail, but why send it
             beating = _heartbeat.stop(token)
         result.update(self._execute_module(module_name=LOCK_MODULE, module_args=args, task_vars=task_vars))
+        gone = (result.get("hostlock") or {}).get("event") == "released" and not result.get("changed")
+        if (beating == _heartbeat.LOST or (beating and gone)) and not result.get("failed"):
+            # A heartbeat lease renews until its release stops it: found ended (its heartbeat saw it, or the release
+            # found no lease), what it covered may have overlapped another holder's. Released all the same; say so.
+            return dict(result, failed=True, changed=False,
+                        msg=_messages.lease_lost(str(args.get("name") or args.get("path"))))
         if beating and result.get("changed") and _own_run(result.get("released") or []):
             # this run's own heartbeat lease: it would have ended with the run anyway, so the host is left as the
             # run found it (docs/ansible.md, "When a lock task reports changed")

@@ -381,7 +381,9 @@ class ActionModule(ActionBase):
         elif taken:
             # from when the host had the lease (the wait left out) to after its release
             info.update(event="locked", taken=True, released=released, held=lease.held())
-            if not released:
+            if lease.lost:  # the lease ended under the task: what ran since may have overlapped another holder
+                result.update(failed=True, msg=_messages.lease_lost(str(args["name"] or args["path"])))
+            elif not released:
                 self._display.warning(f"lock {args['name'] or args['path']}: could not release the lease after "
                                       f"{fqcn} ({lease.release_error}); it ends when its heartbeat stops")
         else:  # the task never reached the host: nothing to lock

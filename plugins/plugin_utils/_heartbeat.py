@@ -15,7 +15,10 @@ control node renews it every quarter lease for as long as the `ansible-playbook`
   lock as soon as the run's in-flight work there has ended (the holder waits for processes carrying
   the lease's environment mark), then exits;
 - when renewals cannot reach the host (a dropped connection, the heartbeat itself killed), the lease
-  runs out on its own at most one `lease` after the last renewal.
+  runs out on its own at most one `lease` after the last renewal;
+- when the lease ended while the run lives (a renewal refused, or none reached the host for a whole lease), it
+  stops renewing and stays, answering the release's stop() with LOST, so that release fails the task (the work
+  since may have run unlocked) instead of reporting ok.
 
 The process is double-forked from the task's worker (the engine's proc.daemon), in a session of its own (a
 signal to the run's process group does not reach it: it must outlive the run long enough to say so), with
@@ -48,6 +51,9 @@ RENEWALS_PER_LEASE = 4
 
 # What a renewal reports: renewed; the lease is gone (released, or ran out): stop; could not tell: retry.
 OK, GONE, UNREACHABLE = "ok", "gone", "unreachable"
+# What stop() finds: no heartbeat; one that was renewing; one that lost its lease while the run lived (it stays
+# to say so, until the release asks or the run ends: the release must fail, never report ok).
+NONE, STOPPED, LOST = "", "stopped", "lost"
 
 
 def _address(token: str) -> str:
@@ -70,25 +76,27 @@ def _peer_uid(sock: socket.socket) -> int | None:
     return struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i")))[1]
 
 
-def stop(token: str, timeout: float = 10.0) -> bool:
-    """Tell the heartbeat of this lease (the whole token) to stop renewing and exit; False if there was none."""
+def stop(token: str, timeout: float = 10.0) -> str:
+    """Tell the heartbeat of this lease (the whole token) to stop renewing and exit: STOPPED, LOST (its lease
+    ended while the run lived), or NONE (no heartbeat of ours listens)."""
     try:
         address = _address(token)
     except ValueError:
-        return False
+        return NONE
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout)
         try:
             sock.connect(address)
         except OSError:  # no heartbeat (never started, or gone already)
-            return False
+            return NONE
         if _peer_uid(sock) not in (None, os.getuid()):  # not our heartbeat: nothing of ours listens there
-            return False
+            return NONE
         sock.sendall(b"stop\n")
-        return sock.recv(16).startswith(b"ok")
+        answer = sock.recv(16)
+        return STOPPED if answer.startswith(b"ok") else LOST if answer.startswith(b"lost") else NONE
     except OSError:
-        return False
+        return NONE
     finally:
         sock.close()
 
@@ -158,7 +166,7 @@ class _Heartbeat:  # pragma: no cover - runs in the heartbeat process; tested th
             # Without a pidfd, look at the run every half second.
             wait = max(0.0, next_renewal - now) if self.run_fd is not None else min(0.5, max(0.0, next_renewal - now))
             ready = select.select(watch, [], [], wait)[0]
-            if self.sock in ready and self._stop_requested():
+            if self.sock in ready and self._stop_requested(b"ok\n"):
                 return
             if self.run_gone():
                 self.renew(EXPIRE_NOW)  # best effort: otherwise the lease runs out on its own
@@ -170,11 +178,21 @@ class _Heartbeat:  # pragma: no cover - runs in the heartbeat process; tested th
             now = time.monotonic()
             if outcome == OK:
                 last_ok = now
-            elif outcome == GONE or now - last_ok >= self.lease:  # released, or surely run out by now
+            elif outcome == GONE or now - last_ok >= self.lease:  # ended on the host, or surely run out by now
+                self.lost()
                 return
             next_renewal = now + self.every
 
-    def _stop_requested(self) -> bool:
+    def lost(self) -> None:
+        """The lease ended while the run lives: stay until its release asks (and answer that it was lost) or
+        the run ends, so the release task fails rather than report ok."""
+        watch = [self.sock] + ([self.run_fd] if self.run_fd is not None else [])
+        while not self.run_gone():
+            ready = select.select(watch, [], [], None if self.run_fd is not None else 0.5)[0]
+            if self.sock in ready and self._stop_requested(b"lost\n"):
+                return
+
+    def _stop_requested(self, answer: bytes) -> bool:
         try:
             conn = self.sock.accept()[0]
         except OSError:
@@ -185,7 +203,7 @@ class _Heartbeat:  # pragma: no cover - runs in the heartbeat process; tested th
             if uid is not None and uid not in (os.getuid(), 0):  # only the run's user (or root) may stop it
                 return False
             if conn.recv(16).startswith(b"stop"):
-                conn.sendall(b"ok\n")
+                conn.sendall(answer)
                 return True
             return False
         except OSError:

@@ -99,6 +99,7 @@ class TaskLease:
         self.action, self.lock_args, self.locked_args, self.task_vars = action, lock_args, locked_args, task_vars
         self.mark = mark  # give the task's steps the in-flight mark (raw takes no environment)
         self.release_error: str | None = None
+        self.lost = False  # the heartbeat found the lease ended before the release
         self._detach: t.Callable[[], object] = lambda: None
         self.got: dict = {}  # the take's result: token, lease, directory, environment
         self.checked = False  # check mode: the first step reported the lock; nothing is held
@@ -312,7 +313,8 @@ class TaskLease:
             self.ended_at = time.monotonic()
 
     def _release(self, token: str, expire: bool) -> bool:
-        _heartbeat.stop(token)
+        beating = _heartbeat.stop(token)
+        self.lost = beating == _heartbeat.LOST  # released all the same; the task must fail
         which = {k: self.lock_args[k] for k in ("name", "path") if self.lock_args.get(k)}
         deferred, self.deferred = self.deferred, []
         if self.interpreter and not expire:
@@ -334,6 +336,8 @@ class TaskLease:
         release = dict(which, state="released", token=token, directory=self.got.get("directory"))
         freed = self.action._execute_module(module_name=LOCK_MODULE, module_args=release, task_vars=self.task_vars)
         self.release_error = None if not freed.get("failed") else str(freed.get("msg"))
+        if beating and (freed.get("hostlock") or {}).get("event") == "released" and not freed.get("changed"):
+            self.lost = True  # renewed until now, yet no lease to release: it ended under the task
         return not freed.get("failed")
 
 

@@ -338,3 +338,18 @@ def test_a_failure_inside_with_lock_shows_its_reason_and_the_users_task_never_th
         assert not re.search(r"\b[0-9a-f]{12}\.[0-9a-f]{32}\b", run.out), "a lease token in the output"
         found = re.search(r"HOSTLOCK_LEASE_[0-9a-f]+\W+[0-9a-f]{16,}", run.out)
         assert not found, f"a lease's mark in the output: {run.out[max(0, found.start() - 600):found.end()]}"
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_a_lease_ended_under_the_block_fails_the_release(ansible, engine, tmp_path, target):
+    """Broken on the host mid-block, the heartbeat lease no longer covers the work (another job took the lock):
+    the release fails the run naming why, instead of reporting ok (issue 39 item 2's "the recap said ok")."""
+    lock, events = f"broken-{target}", tmp_path / "events"
+    run = ansible.play("with_lock.yml", extra_vars=dict(
+        target=target, lock=lock, events=str(events), gate=str(tmp_path / "unused"), hostlock=hostlock_cli()[0],
+        steps=str(Path(ansible.command("with_lock.yml")[1]).parent / "tasks" / "with_lock_broken.yml")))
+    assert [w for w, _n, _t in _lines(events)] == ["other"], run.out  # the other job did run under the lock
+    assert run.rc == 2, run.out
+    assert "heartbeat lease ended while the run lived" in run.out, run.out
+    assert re.search(r"failed=1", run.out), run.out
+    assert not _live(engine, ansible, lock)
