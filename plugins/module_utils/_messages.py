@@ -63,6 +63,6 @@ def did_not_run(msg: str, module: str) -> str:
 
 def lease_lost(name: str) -> str:
     """A heartbeat lease found ended before its release: what it covered may have run without the lock."""
-    return (f"lock {name}: its heartbeat lease ended while the run lived, before this release (the renewals were refused or could "
-            "not reach the host, or the lease was broken there): the work it covered since may have overlapped another "
-            "holder's; see hostlock history or status on the host")
+    return (f"lock {name}: its heartbeat lease ended while the run lived, before this release (the renewals were "
+            "refused or could not reach the host, or the lease was broken there): the work it covered since may have "
+            "overlapped another holder's; see hostlock history or status on the host")
