@@ -63,7 +63,7 @@ options:
     description:
       - What C(hostlock status) and other tasks' errors show for the holder; by default the play, the task and
         the controller (and, in an AWX or AAP job, the job, its template and launching user, from C(awx_job_id)
-        and the like: shown, never trusted), followed by this run's id.
+        and the like; shown, never trusted), followed by this run's id.
     type: str
 """
 

@@ -63,6 +63,9 @@ PLAYBOOK = textwrap.dedent("""\
               - {name: capped, command: echo capped-started; exec sleep 300, max_runtime: 1s, kill_after: 1s,
                  verbose: true, schedule: yearly}
               - {name: stopme, command: echo stopme-started; exec sleep 300, schedule: yearly}
+              # Its figures for node_exporter and its history in the journal (the role's keys, not extra_args).
+              - {name: metered, lock: meter-lock, command: echo metered-ran, metrics_dir: /var/lib/hl-metrics,
+                 history: true, schedule: yearly}
             hostlock_systemd_dropins:
               - {unit: legacy, lock: legacy-lock}
     """) % {"every": EVERY_2S}
@@ -76,6 +79,7 @@ def sd(tmp_path_factory, ansible_dirs):
         sd.run("install", "-d", "-m", "1777", "/var/tmp/hl")
         sd.run("install", "-m", "0666", "/dev/null", MARKS)  # root's, so that protected_regular lets hlsd append
         sd.put("/usr/local/bin/hl-mark", MARK_SCRIPT, mode=0o755)
+        sd.run("install", "-d", "-m", "0755", "/var/lib/hl-metrics")  # root's, as node_exporter's textfile directory
         sd.put("/etc/systemd/system/legacy.service", LEGACY)
         sd.run("systemctl", "daemon-reload")
         run = play(sd, ansible_dirs, PLAYBOOK)
@@ -224,3 +228,31 @@ def test_a_dropin_puts_an_existing_service_under_the_lock(sd):
     assert len(busy) == 1 and len(ran) == 1, [e.get("MESSAGE") for e in entries]
     assert busy[0]["_SYSTEMD_INVOCATION_ID"] != ran[0]["_SYSTEMD_INVOCATION_ID"]
     assert ran[0]["SYSLOG_IDENTIFIER"] == "sh"
+
+
+def test_a_units_metrics_and_history_keys_reach_its_runs(sd):
+    """metrics_dir and history: the run keeps the unit's figures under its own name, and its lock events are in
+    the journal where `hostlock history` reads them."""
+    sd.run("systemctl", "start", "metered.service")  # oneshot: returns once the run has ended
+    assert _props(sd, "metered.service", "Result")["Result"] == "success"
+    figures = sd.read("/var/lib/hl-metrics/hostlock-job-metered.prom")
+    assert 'hostlock_job_runs_total{job="metered",result="ok"} 1' in figures, figures
+    assert 'hostlock_job_last_exit_code{job="metered"} 0' in figures, figures
+    events = json.loads(sd.run(HOSTLOCK, "history", "--json", "meter-lock").stdout)
+    kinds = [e.get("event") for e in (events if isinstance(events, list) else events.get("events", []))]
+    assert "acquired" in kinds and "released" in kinds, events
+
+
+def test_a_misspelt_role_variable_is_named_and_nothing_changes(sd, ansible_dirs):
+    run = play(sd, ansible_dirs, textwrap.dedent("""\
+        - hosts: all
+          gather_facts: false
+          tasks:
+            - ansible.builtin.include_role:
+                name: hostlock.core.systemd
+              vars:
+                hostlock_systemd_unit: [{name: typo, command: "true", schedule: daily}]
+        """))
+    assert run.returncode == 2, run.stdout
+    assert "unknown variable hostlock_systemd_unit " in run.stdout, run.stdout
+    assert not sd.exists("/etc/systemd/system/typo.service")
