@@ -277,3 +277,33 @@ def kill_daemon(pid: int) -> None:
                 break
         assert time.monotonic() < deadline
         time.sleep(0.005)
+
+
+# A process that takes NAME in DIR and holds it until told (a line on stdin); it says "held MECHANISM". With a third
+# argument it writes that text as its owner record over its own (a forged record, for the trust tests).
+HOLD = textwrap.dedent(r"""
+    import os, sys, hostlock
+    d, name = sys.argv[1], sys.argv[2]
+    lock = hostlock.Lock(name, directory=d).acquire()
+    if len(sys.argv) > 3:
+        fd = os.open(os.path.join(d, name + ".lock"), os.O_RDWR)
+        os.pwrite(fd, (sys.argv[3] + "\n").encode().ljust(1024, b"\0"), 4096)
+    print("held", lock.mechanism, flush=True)
+    sys.stdin.readline()
+""")
+
+
+def root_holder(shared: str, name: str) -> subprocess.Popen:
+    """HOLD as this test's own user (root), once it holds."""
+    p = subprocess.Popen([sys.executable, "-c", HOLD, shared, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=LIB))
+    wait_line(p, "held")
+    return p
+
+
+def end_holder(p: subprocess.Popen) -> None:
+    """Tell a HOLD process to release and exit, and wait for it."""
+    if p.poll() is None:
+        p.stdin.write("\n")
+        p.stdin.flush()
+    p.wait(timeout=30)

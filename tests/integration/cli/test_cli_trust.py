@@ -5,37 +5,27 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import textwrap
 
 import engine_helpers
 import pytest
-from engine_helpers import LIB, as_member, holder_pid, kill_daemon, needs_users, seen, squat, wait_line
+from engine_helpers import (
+    as_member,
+    end_holder,
+    holder_pid,
+    kill_daemon,
+    needs_users,
+    root_holder,
+    seen,
+    squat,
+    wait_line,
+)
 
 shared_group = engine_helpers.shared_group  # a fixture
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by other users (the venv's interpreter may live under /root)
 
-HOLD = textwrap.dedent(r"""
-    import sys, hostlock
-    lock = hostlock.Lock(sys.argv[2], directory=sys.argv[1]).acquire()
-    print("held", lock.mechanism, flush=True)
-    sys.stdin.readline()
-""")
 
 
-def _root_holder(shared: str, name: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLD, shared, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=LIB))
-    wait_line(p, "held")
-    return p
-
-
-def _end(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.stdin.write("\n")
-        p.stdin.flush()
-    p.wait(timeout=30)
 
 
 def _member(gid: int, script: str) -> None:
@@ -52,7 +42,7 @@ def test_a_sparse_file_a_member_grows_costs_status_list_and_break_nothing(cli, s
     MemoryError, 65), and a busy `run -n` is busy (75), as cron must see it. Memory is capped (prlimit) so a
     read of the file would fail rather than pass slowly."""
     shared, gid = shared_group
-    holder = _root_holder(shared, "big")
+    holder = root_holder(shared, "big")
     try:
         _member(gid, "truncate -s 64G %s" % os.path.join(shared, "big.lock"))
         _member(gid, "truncate -s 64G %s/other.lock" % shared)
@@ -75,7 +65,7 @@ def test_a_sparse_file_a_member_grows_costs_status_list_and_break_nothing(cli, s
         r = run("run", "-n", "other", "true")
         assert r.returncode == 0, r.stdout + r.stderr  # a grown file still locks
     finally:
-        _end(holder)
+        end_holder(holder)
 
 
 # -- item 3: the lock directory's parents -------------------------------------------------------------------------

@@ -8,11 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
-from engine_helpers import LIB, VICTIM, as_member, needs_users, victim_signals, wait_line
+from engine_helpers import HOLD, LIB, VICTIM, as_member, end_holder, needs_users, root_holder, victim_signals, wait_line
 
 import hostlock
 from hostlock.core import holder as _holder
@@ -20,17 +19,6 @@ from hostlock.core import owner as _owner
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by uid 65534 (the venv's interpreter may live under /root)
 
-# A member's process that takes NAME in DIR and holds it until told (a line on stdin).
-HOLD = textwrap.dedent(r"""
-    import os, sys, hostlock
-    d, name = sys.argv[1], sys.argv[2]
-    lock = hostlock.Lock(name, directory=d).acquire()
-    if len(sys.argv) > 3:  # a forged owner record written over its own
-        fd = os.open(os.path.join(d, name + ".lock"), os.O_RDWR)
-        os.pwrite(fd, (sys.argv[3] + "\n").encode().ljust(1024, b"\0"), 4096)
-    print("held", flush=True)
-    sys.stdin.readline()
-""")
 
 
 def _member_holder(gid: int, shared: str, name: str, *extra: str) -> subprocess.Popen:
@@ -41,23 +29,11 @@ def _member_holder(gid: int, shared: str, name: str, *extra: str) -> subprocess.
     return p
 
 
-def _root_holder(shared: str, name: str) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", HOLD, shared, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=LIB))
-    wait_line(p, "held")
-    return p
-
-
-def _end(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.stdin.write("\n")
-        p.stdin.flush()
-    p.wait(timeout=30)
 
 
 def _member_locks_first(gid: int, shared: str, name: str) -> None:
     """As the member: lock NAME once, so the member creates (and owns) NAME.lock and the marker."""
-    _end(_member_holder(gid, shared, name))
+    end_holder(_member_holder(gid, shared, name))
     assert os.stat(os.path.join(shared, name + ".lock")).st_uid == 65534
 
 
@@ -75,7 +51,7 @@ def test_a_member_cannot_remove_or_replace_the_file_root_holds(shared_group, att
     """The member created B.lock; root's lock adopts it, so the member can no longer take the name away."""
     shared, gid = shared_group
     _member_locks_first(gid, shared, "B")
-    holder = _root_holder(shared, "B")
+    holder = root_holder(shared, "B")
     try:
         path = os.path.join(shared, "B.lock")
         assert os.stat(path).st_uid == 0  # root's now: only root (and the directory's owner) may remove it
@@ -85,7 +61,7 @@ def test_a_member_cannot_remove_or_replace_the_file_root_holds(shared_group, att
             hostlock.Lock("B", directory=shared).acquire(timeout=0)
         assert hostlock.status("B", shared).state == "held"
     finally:
-        _end(holder)
+        end_holder(holder)
 
 
 @needs_users
@@ -98,7 +74,7 @@ def test_root_waits_for_a_members_file_in_use_then_adopts_it(shared_group):
             hostlock.Lock("M", directory=shared).acquire(timeout=0.2)
         assert os.stat(os.path.join(shared, "M.lock")).st_uid == 65534
     finally:
-        _end(member)
+        end_holder(member)
     with hostlock.Lock("M", directory=shared).acquire(timeout=30):
         assert os.stat(os.path.join(shared, "M.lock")).st_uid == 0
         r = as_member(gid, ["rm", "-f", os.path.join(shared, "M.lock")])
@@ -114,7 +90,7 @@ def test_a_member_cannot_change_the_mechanism_under_roots_lock(shared_group, att
     _member_locks_first(gid, shared, "C")
     marker = os.path.join(shared, ".hostlock-mechanism")
     assert not os.path.lexists(marker)  # a member records no mechanism for a directory of root's
-    holder = _root_holder(shared, "C")
+    holder = root_holder(shared, "C")
     try:
         assert os.stat(marker).st_uid == 0  # recorded by root's first lock: the kernel's answer
         with open(marker) as f:
@@ -128,13 +104,13 @@ def test_a_member_cannot_change_the_mechanism_under_roots_lock(shared_group, att
         with pytest.raises(hostlock.LockTimeout):
             hostlock.Lock("C", directory=shared).acquire(timeout=0)
     finally:
-        _end(holder)
+        end_holder(holder)
 
 
 @needs_users
 def test_a_hard_link_to_roots_lock_file_is_refused_and_break_never_follows_it(shared_group):
     shared, gid = shared_group
-    holder = _root_holder(shared, "A")
+    holder = root_holder(shared, "A")
     try:
         r = as_member(gid, ["ln", os.path.join(shared, "A.lock"), os.path.join(shared, "Q.lock")])
         assert r.returncode == 0, r.stderr  # 0660 root:group: fs.protected_hardlinks lets a member link it
@@ -147,7 +123,7 @@ def test_a_hard_link_to_roots_lock_file_is_refused_and_break_never_follows_it(sh
         with pytest.raises(hostlock.LockFileError):  # nor is A trusted while a second name leads to it
             hostlock.Lock("A", directory=shared).acquire(timeout=0)
     finally:
-        _end(holder)
+        end_holder(holder)
 
 
 @needs_users
@@ -176,7 +152,7 @@ def test_a_forged_record_naming_a_process_that_only_has_the_file_open_is_never_a
         assert victim.poll() is None
     finally:
         if member is not None:
-            _end(member)
+            end_holder(member)
         victim.kill()
         victim.wait()
 
@@ -195,7 +171,7 @@ def test_garbage_in_the_ticket_counter_fails_no_listing_and_no_waiter(shared_gro
     names = [s.name for s in hostlock.list_locks(shared)]
     assert names == ["G", "other"], names
     assert hostlock.status("G", shared).state == "free"
-    holder = _root_holder(shared, "G")
+    holder = root_holder(shared, "G")
     try:
         waiter = subprocess.Popen([sys.executable, "-c", "import sys, hostlock; "
                                    "hostlock.Lock('G', directory=sys.argv[1]).acquire(timeout=60); print('got')",
@@ -206,7 +182,7 @@ def test_garbage_in_the_ticket_counter_fails_no_listing_and_no_waiter(shared_gro
             assert waiter.poll() is None and time.monotonic() < deadline, waiter.communicate()
             time.sleep(0.02)
     finally:
-        _end(holder)
+        end_holder(holder)
     out, err = waiter.communicate(timeout=60)
     assert waiter.returncode == 0 and out.strip() == "got", err
 
@@ -214,7 +190,7 @@ def test_garbage_in_the_ticket_counter_fails_no_listing_and_no_waiter(shared_gro
 @needs_users
 def test_a_rewritten_slot_count_admits_no_second_holder(shared_group):
     shared, gid = shared_group
-    holder = _root_holder(shared, "S")
+    holder = root_holder(shared, "S")
     try:
         r = as_member(gid, [SYSTEM_PYTHON, "-c", "import os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
                             "os.pwrite(fd, b'HOSTLOCK 1 slots=3\\n'.ljust(64, b'\\0'), 0)",
@@ -224,4 +200,4 @@ def test_a_rewritten_slot_count_admits_no_second_holder(shared_group):
             hostlock.Lock("S", directory=shared).acquire(timeout=0)
         assert hostlock.status("S", shared).state == "held"
     finally:
-        _end(holder)
+        end_holder(holder)
