@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "roles" / "cli" / "templates" / "hostlock.py.j2"
 BUNDLE = "_hostlock_bundle.pyc"  # hostlock.cli.bundle.NAME + ".pyc" (test_cli_bundle.py checks it)
 BUNDLE_CODE = "_hostlock_bundle.code"  # hostlock.cli.bundle.CODE: the modules' code, beside it
-BUILD = ["-X", "no_debug_ranges", "-I", "-S"]  # the interpreter's options in the role's bundle task
+BUILD = ["-X", "no_debug_ranges", "-I", "-S"]  # the interpreter's options in the role's install module (cli_install)
 
 
 def real_python() -> str:
