@@ -41,7 +41,7 @@ def _spread(a: list[float], b: list[float], rounds: int = 2000) -> tuple[float, 
     """A 90% bootstrap interval of median(a) / median(b): how much of a ratio is noise."""
     rng = random.Random(41)
     ratios = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
-                    for _ in range(rounds))
+                    for _round in range(rounds))
     return ratios[int(rounds * 0.05)], ratios[int(rounds * 0.95)]
 
 
@@ -141,8 +141,6 @@ def _write(path: Path, section: str) -> None:
         return
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     path.write_text("".join(lines[:start]) + section + ("\n" if end < len(lines) else "") + "".join(lines[end:]))
-
-
 
 
 if __name__ == "__main__":

@@ -131,7 +131,9 @@ s.sendto(data, "/run/systemd/journal/socket")
 
 
 def test_another_users_forged_entry_is_never_shown_as_roots(journal, cli):
-    run = lambda *a: journal.run(cli.argv(*a), env=cli.env)  # noqa: E731
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return journal.run(cli.argv(*a), env=cli.env)
+
     assert run("run", "--history", "backup", "true").returncode == 0
     fields = ["MESSAGE=lock backup released", "MESSAGE_ID=" + MESSAGE_ID, "HOSTLOCK_EVENT=released",
               "HOSTLOCK_LOCK=backup", "HOSTLOCK_RESULT=ok", "HOSTLOCK_JOB=backup"]

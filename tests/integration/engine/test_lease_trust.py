@@ -24,6 +24,7 @@ from hostlock.host import channel as _channel
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by other users (the venv's interpreter may live under /root)
 OUTSIDER = 65533  # in no group of the test's
 
+
 def _sticky_world(tmp: str) -> str:
     d = os.path.join(tmp, "sticky")
     os.mkdir(d)

@@ -94,9 +94,9 @@ def test_a_marker_a_member_planted_never_decides_roots_mechanism(shared_group, t
         _roots_marker(shared)  # set aside, root's own recorded in its place
         # Whatever the member still reaches (the other name of the linked inode, anything it may write) changes
         # nothing: a second root process and a member's own lock agree with the first.
+        planted = (os.path.join(other, "x.lock"), shared, shared, os.path.join(shared, MARKER))
         _member(gid, "printf 'record\\n' > %s 2>/dev/null || true; printf 'record\\n' > %s/.m 2>/dev/null; "
-                     "mv -f %s/.m %s 2>/dev/null || true" % (os.path.join(other, "x.lock"), shared, shared,
-                                                            os.path.join(shared, MARKER)))
+                     "mv -f %s/.m %s 2>/dev/null || true" % planted)
         _roots_marker(shared)
         _excluded(shared, "J")
         r = as_member(gid, [SYSTEM_PYTHON, "-c",
@@ -148,7 +148,7 @@ def test_a_member_rewriting_its_marker_while_root_processes_start_never_splits_t
             name = "P%d" % i
             pair = [subprocess.Popen([sys.executable, "-c", HOLD, shared, name], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=dict(os.environ, PYTHONPATH=LIB)) for _ in range(2)]
+                                     env=dict(os.environ, PYTHONPATH=LIB)) for _twice in range(2)]
             # Exactly one holds; the other must be seen waiting in the kernel's queue of the same file (a
             # process on another mechanism would never show up there, and would print "held" instead).
             ready = select.select([p.stdout for p in pair], [], [], 30)[0]

@@ -20,15 +20,12 @@ from hostlock.core import owner as _owner
 SYSTEM_PYTHON = "/usr/bin/python3"  # runnable by uid 65534 (the venv's interpreter may live under /root)
 
 
-
 def _member_holder(gid: int, shared: str, name: str, *extra: str) -> subprocess.Popen:
     p = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=%d" % gid, "--groups=%d" % gid, SYSTEM_PYTHON, "-c",
                           HOLD, shared, name, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=LIB))
     wait_line(p, "held")
     return p
-
-
 
 
 def _member_locks_first(gid: int, shared: str, name: str) -> None:

@@ -135,7 +135,8 @@ def _number(text: str | None) -> float | None:
         value = float(text) if text else None
     except (TypeError, ValueError, OverflowError):
         return None
-    return value if value is None or value == value else None  # NaN: no number
+    # NaN, the one float unequal to itself, is no number (math.isnan would load math for this alone)
+    return value if value is None or value == value else None  # pylint: disable=comparison-with-itself
 
 
 def _int(text: str | None) -> int | None:

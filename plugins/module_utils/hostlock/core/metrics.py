@@ -28,7 +28,7 @@ def escape_label(value: str) -> str:
 
 def number(value: float) -> str:
     """A sample value: integers without a fraction, floats as Python's shortest repr (both formats read it)."""
-    if value != value:  # NaN
+    if value != value:  # NaN (math.isnan would load math for this alone)  # pylint: disable=comparison-with-itself
         return "NaN"
     if value in (float("inf"), float("-inf")):
         return "+Inf" if value > 0 else "-Inf"

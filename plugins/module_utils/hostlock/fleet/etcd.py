@@ -352,7 +352,6 @@ class Client(Connections):
                                 "etcd's client port (2379 by default, not the peer port 2380), etcd 3.4 or later?"
                                 % (self.url.members, _member(self.endpoints[i]), status, path, what))
 
-
     def _unavailable(self, why: str) -> FleetUnavailable:
         return FleetUnavailable("fleet %s: %s" % (self.url.members, why), endpoints=self.url.members)
 
@@ -383,14 +382,6 @@ class Client(Connections):
             if secret and any(form and form in message for form in (secret, dumps(secret)[1:-1])):
                 return "its answer repeats our request, not shown"
         return message[:200]  # cut after the look: a cut could leave the start of a secret in view
-
-
-
-
-
-
-
-
 
 
 def _code(reply: dict) -> int | None:
@@ -436,23 +427,3 @@ def _unshaped(path: str, reply: dict) -> str | None:
         if items is not None and not (isinstance(items, list) and all(isinstance(x, dict) for x in items)):
             return "JSON not shaped as etcd's"
     return None
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

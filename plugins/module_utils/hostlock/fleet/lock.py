@@ -71,7 +71,6 @@ class EtcdHeld:
         self.value = value  # our record as we last wrote it: read back without a round trip
 
 
-
 def _waiting() -> Any:
     """fleet.waiting: loaded by a waiter that must wait (a lock free at once never loads it)."""
     from . import waiting

@@ -45,7 +45,6 @@ def _margin(ttl: float) -> float:
     return min(1.0, ttl * 0.1)
 
 
-
 class Claim:
     """One key of this process on a Session's lease: what a waiter or holder sees of it. Lost when the lease is
     lost (every claim on it then), or when its own key is deleted or moved to another lease (this one alone)."""
@@ -317,7 +316,6 @@ class Session:
                 self._close_fds()
 
 
-
 # This process's shared leases: (cluster, credentials, TTL) -> Session. A forked child starts with none.
 _SESSIONS: dict = {}
 _SESSIONS_MUTEX = _thread.allocate_lock()
@@ -394,4 +392,3 @@ def join(backend: Backend, prefix: bytes, ttl: float, deadline: float, claim: Cl
             if reply is None:
                 start(grant(backend.client, ttl, deadline, ids, sent, meanwhile, lid=lid))
         return made[0], queued
-
