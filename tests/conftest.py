@@ -41,6 +41,11 @@ def pytest_unconfigure(config):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     seconds = item.config.getoption("hang_guard")
+    if item.config.pluginmanager.hasplugin("ansible_forked"):
+        # ansible-test units runs each test in a fork of this process: a watchdog armed here does not exist in the
+        # child, whose faulthandler would wait for it forever on the test's first failure (the child's report then
+        # never comes). There the guard is off.
+        seconds = 0
     if seconds > 0 and _FD:
         faulthandler.dump_traceback_later(seconds, exit=True, file=_FD[0])
     try:

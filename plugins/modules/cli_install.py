@@ -221,8 +221,25 @@ class Installer:
         except BaseException:
             os.unlink(tmp)
             raise
+        if path.endswith(".py"):
+            self._forget_bytecode(path)
         if self.module.selinux_enabled():
             self.module.set_default_selinux_context(path, False)
+
+    @staticmethod
+    def _forget_bytecode(path: str) -> None:
+        """Remove a rewritten source's cached bytecode, so compileall compiles it again: its check compares the
+        source's mtime in whole seconds and its size, which a rewrite within the same second to text of the same
+        length would pass with the old code."""
+        cache = os.path.join(os.path.dirname(path), "__pycache__")
+        stem = os.path.basename(path)[:-3] + "."
+        try:
+            names = os.listdir(cache)
+        except OSError:
+            return
+        for name in names:
+            if name.startswith(stem) and name.endswith(".pyc"):
+                os.unlink(os.path.join(cache, name))
 
     @staticmethod
     def _reads(path: str, data: bytes) -> bool:

@@ -17,6 +17,7 @@ import time
 
 from ..core.errors import HostlockError, TokenError
 from ..core.names import check_duration, validate_name
+from ..core.text import one_line
 from ..core.tokens import split_host, token_uid
 
 TYPE_CHECKING = False
@@ -313,8 +314,6 @@ def request(name: str, token: str, directory: str | None, verb: str, arg: str = 
         raise gone
     # The kernel showed the peer to be the holder (its uid, its open lock file): its refusal of a request it
     # could not prove (a wrong secret) is its word, one inert line.
-    from ..core.text import one_line
-
     raise TokenError("lease %s refused the request for lock %r: %s" % (
         tid, shown, one_line((body if proven else reply)[4:])[:200] or "no answer"), directory=directory,
         reason="refused")

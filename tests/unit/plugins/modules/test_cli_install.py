@@ -139,3 +139,18 @@ def test_an_interpreter_that_does_not_run_is_one_line(capsys, args, tmp_path):
     args["python"] = str(tmp_path / "nonexistent" / "python3")
     out = run(capsys, **args)
     assert out["_rc"] == 1 and out["msg"].startswith("cannot run " + args["python"]), out
+
+
+def test_a_source_rewritten_to_text_of_the_same_length_is_compiled_again(capsys, args, tmp_path):
+    """compileall trusts a cached .pyc whose source has the same mtime (whole seconds) and size: a rewrite within
+    the second to text of the same length must not run the old code."""
+    run(capsys, **args)
+    pkg = tmp_path / "lib" / "hostlock"
+    original = (pkg / "api.py").read_text()
+    (pkg / "api.py").write_text("x" * len(original))  # same length
+    st = (pkg / "api.py").stat()
+    os.utime(pkg / "api.py", ns=(st.st_atime_ns, st.st_mtime_ns))
+    fixed = run(capsys, **args)
+    assert fixed["written"] == [str(pkg / "api.py")] and fixed["compiled"], fixed
+    cached = next((pkg / "__pycache__").glob("api.*.pyc"))
+    assert cached.stat().st_mtime_ns >= (pkg / "api.py").stat().st_mtime_ns

@@ -39,8 +39,8 @@ def run(python: str, args: str, data: bytes) -> subprocess.CompletedProcess:
 def test_the_release_ships_the_engines_own_files_and_only_what_it_imports():
     modules = _engine_call.closure(_engine_call.RELEASE_ROOTS)
     assert sorted(modules) == [
-        "hostlock", "hostlock.core", "hostlock.core.errors", "hostlock.core.names", "hostlock.core.tokens",
-        "hostlock.host", "hostlock.host.channel", "hostlock.host.safepath",
+        "hostlock", "hostlock.core", "hostlock.core.errors", "hostlock.core.names", "hostlock.core.text",
+        "hostlock.core.tokens", "hostlock.host", "hostlock.host.channel", "hostlock.host.safepath",
     ]
     for name, (is_package, source) in modules.items():
         if is_package:
