@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration" / "ansible"))
 
+from docsection import write_section  # noqa: E402 - benchmarks/, the script's own directory
 from harness import VENV_BIN, Sshd, bare_python, build_collection  # noqa: E402 - path set up just above
 
 SECTION = "## Ansible"
@@ -219,18 +220,6 @@ print(load, (time.perf_counter() - t) / {rounds})
     return float(load), float(per_play)
 
 
-def write_section(table: str) -> None:
-    doc = REPO / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    section = f"{SECTION}\n\n{table}\n\n"
-    if SECTION in text:
-        before, _heading, after = text.partition(SECTION)
-        nxt = after.find("\n## ")
-        text = before + section + (after[nxt + 1 :] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -408,7 +397,7 @@ def main() -> None:
               f"{CALLBACK_TARGET:.0f}%: {verdict}",
               file=sys.stderr)
     if not args.no_write:
-        write_section(table)
+        write_section(REPO / "docs" / "benchmarks.md", f"{SECTION}\n\n{table}\n")
         print(f"\nwrote the table into {REPO / 'docs' / 'benchmarks.md'} under '{SECTION}'", file=sys.stderr)
 
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import cli_ab  # noqa: E402 - beside this file: one fork+exec+wait, timed
 import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 import fleet_etcd  # noqa: E402 - the test fixture starts and stops the etcd member; path set up just above
+from docsection import write_section  # noqa: E402 - benchmarks/ is the script's directory
 
 real_python = cli_install.real_python
 
@@ -73,18 +74,6 @@ The interpreter's teardown (~3 ms) is skipped with os._exit() once every lock is
 stream flushed. flock(1) is a C program that execs the job in a forked child
 and waits: it cannot forward signals, and its job inherits the lock (docs/cli.md)."""
 
-
-def write_docs(path: Path, section: str) -> None:
-    """Replace the "## Command line" section of path (or add it), leaving other sections alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.strip() == "## Command line"), None)
-    if start is None:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        text = "".join(lines[:start]) + section + ("\n" if end < len(lines) else "") + "".join(lines[end:])
-    path.write_text(text)
 
 
 def main() -> int:
@@ -167,7 +156,7 @@ def main() -> int:
         if args.rounds != 200 or args.python != real_python():
             command = f".venv/bin/python benchmarks/cli.py --rounds {args.rounds} --python {args.python} --docs ..."
         section = "\n".join(["## Command line", "", "```", command, "```", "", *out, "", NOTES]) + "\n"
-        write_docs(args.docs, section)
+        write_section(args.docs, section)
         print(f"(written to {args.docs})", file=sys.stderr)
     return 0
 

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 from cli import once  # noqa: E402 - benchmarks/cli.py's timing of one run
+from docsection import write_section  # noqa: E402 - benchmarks/ is the script's directory
 
 SECTION = "## Command line: metrics and history"
 
@@ -126,21 +127,10 @@ def main() -> int:
                  "(load average ~10). Other work on the machine inflates every row alike (interleaved): compare "
                  "the ratios, not the milliseconds.")
         section = "\n".join([SECTION, "", "```", command, "```", "", *out, "", notes]) + "\n"
-        _write(args.docs, section)
+        write_section(args.docs, section)
         print(f"(written to {args.docs})", file=sys.stderr)
     return 0
 
-
-def _write(path: Path, section: str) -> None:
-    """Replace this benchmark's own section (or add it at the end), leaving the others alone."""
-    text = path.read_text()
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.strip() == SECTION), None)
-    if start is None:
-        path.write_text(text.rstrip("\n") + "\n\n" + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    path.write_text("".join(lines[:start]) + section + ("\n" if end < len(lines) else "") + "".join(lines[end:]))
 
 
 if __name__ == "__main__":

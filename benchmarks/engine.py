@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from docsection import write_section  # noqa: E402 - benchmarks/ is the script's directory
+
 import hostlock
 
 F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)  # the constants are missing before Python 3.9
@@ -423,19 +425,6 @@ def load() -> str:
         return "unknown"
 
 
-def write_docs(path: Path, section: str) -> None:
-    """Replace the "## Engine" section of path (or add it), leaving other sections alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.strip() == "## Engine"), None)
-    if start is None:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        text = "".join(lines[:start]) + section + ("\n" if end < len(lines) else "") + "".join(lines[end:])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
 
 # Why contended throughput stays under flock's (a one-off ablation, not re-measured by each run).
 CONTENDED_GAP = (
@@ -517,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(section)
     if args.docs:
-        write_docs(args.docs, section)
+        write_section(args.docs, section)
         print(f"(written to {args.docs})", file=sys.stderr)
     return 0
 

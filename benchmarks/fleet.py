@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 import cli_install  # noqa: E402 - the role's launcher and bundle; path set up just above
 import fleet_etcd  # noqa: E402 - the test fixtures start and stop the etcd servers; path set up just above
+from docsection import write_section  # noqa: E402 - benchmarks/, the script's own directory
 
 import hostlock  # noqa: E402
 
@@ -632,21 +633,6 @@ def loadavg() -> str:
 NOTES_MARK = "<!-- hand-written notes below: benchmarks/fleet.py --docs keeps them -->"
 
 
-def write_docs(path: Path, text: str, heading: str = "## Fleet") -> None:
-    """Replace the heading's section of path (or append it), leaving the other sections alone, and the
-    section's hand-written notes below NOTES_MARK too."""
-    doc = path.read_text() if path.exists() else "# Benchmarks\n\nEach table says the command that printed it.\n"
-    lines = doc.splitlines(keepends=True)
-    start = next((i for i, ln in enumerate(lines) if ln.strip() == heading), None)
-    if start is None:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        mark = next((i for i in range(start + 1, end) if lines[i].strip() == NOTES_MARK), None)
-        notes = "" if mark is None else "\n" + "".join(lines[mark:end]).rstrip("\n") + "\n"
-        doc = "".join(lines[:start]) + text + notes + ("\n" if end < len(lines) else "") + "".join(lines[end:])
-    path.write_text(doc)
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -705,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     text = section(targets, cfg, command, (load_before, loadavg()))
     print(text)
     if args.docs:
-        write_docs(args.docs, text)
+        write_section(args.docs, text, keep_from=NOTES_MARK)
         print(f"(written to {args.docs})", file=sys.stderr)
     return 0
 

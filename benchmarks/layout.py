@@ -28,6 +28,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from docsection import write_section  # noqa: E402 - benchmarks/ is the script's directory
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
 SECTION = "## Layout"
@@ -181,17 +183,6 @@ def table(before: Side, after: Side, args: argparse.Namespace) -> str:
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
-def write_docs(path: Path, text: str) -> None:
-    doc = path.read_text()
-    block = f"{SECTION}\n\n{text}\n"
-    if SECTION in doc:
-        start = doc.index(SECTION)
-        nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + block + (doc[nxt + 1:] if nxt != -1 else "")
-    else:
-        doc = doc.rstrip() + "\n\n" + block
-    path.write_text(doc)
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -211,7 +202,7 @@ def main() -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     print(text)
     if args.docs:
-        write_docs(args.docs, text)
+        write_section(args.docs, f"{SECTION}\n\n{text}\n")
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration" / "roles"))
 
+from docsection import write_section  # noqa: E402 - benchmarks/ is the script's directory
 from roletarget import CLI_PATHS, HOST_PYTHON, Target, collection_at, collection_here, differences  # noqa: E402
 
 SECTION = "## Roles"
@@ -79,17 +80,6 @@ def table(results: dict, recaps: dict, same: list[str], before: str, load: tuple
     return head + "\n" + "\n".join(rows) + "\n\n" + "\n".join(verdicts) + "\n"
 
 
-def write_docs(path: Path, text: str) -> None:
-    doc = path.read_text()
-    block = f"{SECTION}\n\n{text}\n"
-    if SECTION + "\n" in doc:
-        start = doc.index(SECTION + "\n")
-        nxt = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + block + (doc[nxt + 1:] if nxt != -1 else "")
-    else:
-        doc = doc.rstrip() + "\n\n" + block
-    path.write_text(doc)
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -122,7 +112,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(text)
     if args.docs:
-        write_docs(args.docs, text)
+        write_section(args.docs, f"{SECTION}\n\n{text}\n")
         print(f"wrote the table into {args.docs} under '{SECTION}'", file=sys.stderr)
     return 0
 
