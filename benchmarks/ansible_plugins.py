@@ -220,7 +220,6 @@ print(load, (time.perf_counter() - t) / {rounds})
     return float(load), float(per_play)
 
 
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=10, help="tasks per play (default 10)")

@@ -75,7 +75,6 @@ stream flushed. flock(1) is a C program that execs the job in a forked child
 and waits: it cannot forward signals, and its job inherits the lock (docs/cli.md)."""
 
 
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--rounds", type=int, default=200, help="runs of each command (default 200)")

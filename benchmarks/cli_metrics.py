@@ -132,6 +132,5 @@ def main() -> int:
     return 0
 
 
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -425,7 +425,6 @@ def load() -> str:
         return "unknown"
 
 
-
 # Why contended throughput stays under flock's (a one-off ablation, not re-measured by each run).
 CONTENDED_GAP = (
     "Where the contended gap goes. In contention the time between taking the lock and letting it go bounds "

@@ -633,7 +633,6 @@ def loadavg() -> str:
 NOTES_MARK = "<!-- hand-written notes below: benchmarks/fleet.py --docs keeps them -->"
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (smoke run)")

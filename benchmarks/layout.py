@@ -183,7 +183,6 @@ def table(before: Side, after: Side, args: argparse.Namespace) -> str:
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default=BEFORE, help=f"git ref of the 'before' side (default {BEFORE})")

@@ -80,7 +80,6 @@ def table(results: dict, recaps: dict, same: list[str], before: str, load: tuple
     return head + "\n" + "\n".join(rows) + "\n\n" + "\n".join(verdicts) + "\n"
 
 
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default=BEFORE, help=f"git ref of the 'before' side (default {BEFORE})")
