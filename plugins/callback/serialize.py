@@ -63,8 +63,8 @@ description:
 requirements:
   - Enable it in C(ansible.cfg) (C(callbacks_enabled = hostlock.core.serialize) under C([defaults]))
     or with C(ANSIBLE_CALLBACKS_ENABLED=hostlock.core.serialize).
-  - For O(wait_in_flight), managed hosts with C(/proc) (Linux), C(/bin/sh) and a C(grep) with C(-z)
-    (GNU or BusyBox).
+  - For O(wait_in_flight), managed hosts with C(/proc) (Linux) and, as for any module, Python (the wait is the
+    callback's internal module C(hostlock.core.serialize_host)).
 options:
   fleet:
     description:
@@ -165,7 +165,7 @@ options:
         and for plays too large for host locks, every host waits.
       - It sees the processes the connecting (or C(become)) user may inspect; runs that must exclude
         each other should connect as the same user, or as root.
-      - For a host without C(/bin/sh) and C(/proc) (network devices, Windows), set the host variable
+      - For a host without C(/proc) or Python (network devices, Windows), set the host variable
         C(hostlock_serialize_wait_in_flight=false) to skip the wait there. Any value that is not a boolean
         (a typo) fails that host before its first task, with one line, rather than skip the wait.
       - A boolean (V(true)/V(false), V(yes)/V(no), V(1)/V(0), V(on)/V(off)); anything else stops the run

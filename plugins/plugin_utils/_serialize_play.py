@@ -4,7 +4,8 @@
 """PRIVATE to this collection: what the serialize callback adds to a play before it runs.
 
 Every task of a serialized play carries this run's in-flight mark in its environment, and a play whose hosts
-an earlier run may have left work on starts with a task that waits for that work there (the wait script).
+an earlier run may have left work on starts with a task that waits for that work there (hostlock.core.serialize_host,
+the callback's internal module: proc/marks.py's scan).
 """
 
 from __future__ import annotations
@@ -20,48 +21,10 @@ from ansible.template import trust_as_template
 MARK_HOST = "HOSTLOCK_SERIALIZE_HOST"
 MARK_RUN = "HOSTLOCK_SERIALIZE_RUN"
 WAIT_TASK = "hostlock.core.serialize: wait for earlier runs' tasks on this host"
+WAIT_MODULE = "hostlock.core.serialize_host"
 # The words Ansible reads as booleans, as strings (a host var may be a string, a bool or an int).
 _TRUE_WORDS = sorted({str(w).lower() for w in BOOLEANS_TRUE})
 _FALSE_WORDS = sorted({str(w).lower() for w in BOOLEANS_FALSE})
-# Waits until no process of this user carrying this host's marker from another run is left ($1 host, $2 our
-# run, $3 seconds or -1). /proc/PID/environ is the environment the task started with, which its children
-# inherit; grep reads them all (file names through printf | xargs: no argument list to overflow however many
-# processes there are). Only processes whose real and effective uid are the wait's own count: anyone can
-# start a process with any environment (a neighbour's `env HOSTLOCK_SERIALIZE_HOST=... sleep` must not stall
-# root's run), and /proc/PID/status tells the uid even of a process that made itself undumpable (its /proc
-# files then belong to root). A command line it prints is cut and made printable ASCII. Polls every 0.2 s: a
-# process that is not our child cannot be waited for portably (pidfd_open is Linux 5.3+ and Python 3.9+).
-# Exit 75 when the time is up.
-WAIT_SCRIPT = r"""
-want="HOSTLOCK_SERIALIZE_HOST=$1"; mine="HOSTLOCK_SERIALIZE_RUN=$2"; left=$3; said=
-LC_ALL=C; export LC_ALL
-me=$(id -u) || exit 70
-[ -d /proc/self ] || { echo "no /proc: cannot see earlier runs' tasks" >&2; exit 70; }
-while :; do
-  busy=
-  for e in $(printf '%s\0' /proc/[0-9]*/environ | xargs -0 grep -lzxF -e "$want" 2>/dev/null \
-             | xargs -r grep -LzxF -e "$mine" 2>/dev/null); do
-    d=${e%/environ}
-    set -- $(sed -n 's/^Uid:[[:space:]]*//p' "$d/status" 2>/dev/null)
-    [ "${1:-x}" = "$me" ] && [ "${2:-x}" = "$me" ] && busy="$busy $d"
-  done
-  [ -z "$busy" ] && break
-  if [ -z "$said" ]; then
-    for d in $busy; do
-      cmd=$(tr '\0' ' ' < "$d/cmdline" 2>/dev/null | tr -c '[:print:]' '?' | cut -c1-200)
-      echo "waiting for pid ${d#/proc/}: $cmd"
-    done
-    said=1
-  fi
-  if [ "$left" != -1 ]; then
-    [ "$left" -le 0 ] && { echo "still running" >&2; exit 75; }
-    left=$((left - 1))
-  fi
-  sleep 0.2
-done
-[ -n "$said" ] && echo "earlier runs' tasks ended"
-exit 0
-"""
 
 
 def _with_marker(env: t.Any, marker: dict) -> list:
@@ -79,8 +42,8 @@ def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None, wait_
     `scope` names the lock set (runs that do not exclude each other on the controller do not wait for each
     other on the hosts either); `timeout` is the wait's, in seconds, None for no end.
     """
-    host_mark = trust_as_template(scope + ":{{ inventory_hostname }}")
-    marker = {MARK_HOST: host_mark, MARK_RUN: run_id}
+    host_mark = scope + ":{{ inventory_hostname }}"  # a template, trusted where it is used (a tag is lost by +)
+    marker = {MARK_HOST: trust_as_template(host_mark), MARK_RUN: run_id}
     # Tasks inherit `environment` from the Play their blocks were loaded with: the playbook's own Play
     # object, not this copy (TaskQueueManager.run copies it per batch); dynamic includes use the copy.
     plays = {id(play): play}
@@ -92,20 +55,21 @@ def mark_play(play: t.Any, scope: str, run_id: str, timeout: float | None, wait_
         each.environment = _with_marker(each.environment, marker)
     if wait_on is not None and not wait_on:
         return  # every host's last holder ended cleanly: no module run at all
-    ticks = -1 if timeout is None else int(timeout * 5)  # the script polls 5 times a second
     block = Block(play=play)
     block.run_once = False
     task = Task(block=block)
-    task.action = "ansible.builtin.command"
+    # Waits until no process of the module's uid carrying this host's mark from another run is left there
+    # (plugins/modules/serialize_host.py); fails with rc 75 once `timeout` seconds are up.
+    task.action = WAIT_MODULE
     task.name = WAIT_TASK
-    task.args = {
-        "argv": ["/bin/sh", "-c", WAIT_SCRIPT, "hostlock-serialize-wait", host_mark, run_id, str(ticks)],
-    }
+    task.args = {"mark": trust_as_template(f"{MARK_HOST}={host_mark}"), "unless": f"{MARK_RUN}={run_id}"}
+    if timeout is not None:
+        task.args["timeout"] = timeout
     task.changed_when = [False]
     # The wait itself carries no host mark (the task's environment overrides the play's): two waits
     # left by killed runs must never wait for each other.
     task.environment = [{MARK_HOST: "-"}]
-    # A host without a POSIX shell and /proc (network devices, Windows) opts out with this host var. Only
+    # A host without /proc or Python (network devices, Windows) opts out with this host var. Only
     # a recognised false skips the wait. Any other value that is not a recognised true fails the host
     # here, before its first task, with one line (mandatory's msg): the bool filter would read a typo
     # as false, and skip the wait unasked.

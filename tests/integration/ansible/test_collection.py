@@ -16,6 +16,7 @@ PLUGINS = [
     ("module", "hostlock.core.lock_host"),
     ("module", "hostlock.core.locked_host"),
     ("module", "hostlock.core.cli_install"),
+    ("module", "hostlock.core.serialize_host"),
     ("callback", "hostlock.core.serialize"),
     ("role", "hostlock.core.cli"),
     ("role", "hostlock.core.cron"),

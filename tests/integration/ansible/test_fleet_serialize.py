@@ -2,7 +2,7 @@
 
 The runs share nothing but the fleet URL (each has its own controller lock directory, as separate control
 nodes would). Every wait is on an event: a task holds until the test opens its gate, the test watches
-etcd for a run's waiting key and /proc for the in-flight wait script.
+etcd for a run's waiting key and /proc for the in-flight wait's process name.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from test_serialize import BUSY, CALLBACKS, _finish, _reap, _show, _times, _wait_for
+from test_serialize import BUSY, CALLBACKS, _finish, _reap, _show, _times, _wait_for, _waiters_for
 
 
 def _fleet_url(etcd) -> str:
@@ -35,20 +35,9 @@ def _prefix(fleet: str) -> str:
 
 
 def _in_flight_waiters(fleet: str, host: str) -> list[int]:
-    """Pids of the in-flight wait scripts of this fleet's lock set that found work and sleep between scans."""
+    """Pids of the in-flight waits of this fleet's lock set for a host that found work and now wait for it."""
     scope = hashlib.sha256(f"etcd:{_prefix(fleet)}/\0ansible-host@".encode()).hexdigest()[:12]
-    mark = f"{scope}:{host}".encode()
-    procs = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            procs[int(entry.name)] = (ppid, argv)
-    waiters = {pid for pid, (_ppid, argv) in procs.items() if b"hostlock-serialize-wait" in argv and mark in argv}
-    return sorted({ppid for ppid, argv in procs.values() if ppid in waiters and argv[:1] == [b"sleep"]})
+    return _waiters_for(f"HOSTLOCK_SERIALIZE_HOST={scope}:{host}")
 
 
 def test_two_control_nodes_take_turns_on_a_shared_host(ansible, engine, etcd):

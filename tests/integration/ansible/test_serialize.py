@@ -77,26 +77,33 @@ def _waiting_for(engine, ansible, host: str) -> bool:
     return engine.status(f"ansible-host@{host}", directory=str(ansible.ctl_lockdir)).waiters > 0
 
 
-def _in_flight_waiters(ansible, host: str) -> list[int]:
-    """Pids of this test's serialize in-flight wait scripts for a host that found work and now wait for
-    it to end (they sleep between scans). They run on this machine, locally or over the harness's sshd.
-    The host mark names the lock set (controller directory and prefix), so parallel tests never mix."""
+def _mark(ansible, host: str) -> str:
+    """The host's in-flight mark in this test's lock set (the controller directory and prefix): parallel tests
+    never mix."""
     scope = hashlib.sha256(f"{ansible.ctl_lockdir}\0ansible-host@".encode()).hexdigest()[:12]
-    mark = f"{scope}:{host}".encode()
-    procs = {}
+    return f"HOSTLOCK_SERIALIZE_HOST={scope}:{host}"
+
+
+def _waiters_for(mark: str) -> list[int]:
+    """Pids of the in-flight waits (hostlock.core.serialize_host) that found processes whose environment holds
+    `mark` and now wait for them to end: such a wait names itself `hl-wait PID` (its comm), PID the first it
+    found. They run on this machine, locally or over the harness's sshd."""
+    names, marked = {}, set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
+                names[int(entry.name)] = (entry / "comm").read_text().strip()
+                if mark.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    marked.add(int(entry.name))
+            except OSError:
                 continue
-            procs[int(entry.name)] = (ppid, argv)
-    waiters = {
-        pid for pid, (_ppid, argv) in procs.items()
-        if b"hostlock-serialize-wait" in argv and mark in argv
-    }
-    return sorted({ppid for ppid, argv in procs.values() if ppid in waiters and argv[:1] == [b"sleep"]})
+    return sorted(pid for pid, name in names.items()
+                  if name.startswith("hl-wait ") and name[8:].isdigit() and int(name[8:]) in marked)
+
+
+def _in_flight_waiters(ansible, host: str) -> list[int]:
+    """Pids of this test's in-flight waits for a host that found work and now wait for it to end."""
+    return _waiters_for(_mark(ansible, host))
 
 
 def _reap(proc: subprocess.Popen) -> None:
@@ -581,11 +588,6 @@ HOLD = "import sys; print('ready', flush=True); sys.stdin.readline()"
 UNDUMPABLE = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); " + HOLD  # PR_SET_DUMPABLE 0
 
 
-def _mark(ansible, host: str) -> str:
-    scope = hashlib.sha256(f"{ansible.ctl_lockdir}\0ansible-host@".encode()).hexdigest()[:12]
-    return f"HOSTLOCK_SERIALIZE_HOST={scope}:{host}"
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
 @pytest.mark.parametrize("kind", ["plain", "undumpable", "run-marker-too"])
 def test_another_users_process_with_the_marker_neither_stalls_nor_delays_the_run(ansible, kind):
@@ -633,6 +635,87 @@ def test_the_runs_own_earlier_work_is_waited_for_and_shown_inert(ansible):
     assert proc.returncode == 0, out
     (line,) = [x for x in out.splitlines() if f"waiting for pid {left.pid}" in x]
     assert "\x1b" not in out and "\r" not in line and "?[2J?[Hfake?line" in line, repr(line)
+
+
+# -- the wait module on its own: whose processes it waits for (issue 42 item 1) -------------------------------
+WAIT_ALONE = "Wait for the processes carrying the mark"  # playbooks/serialize_host.yml
+THIS_RUN = "HOSTLOCK_SERIALIZE_RUN=this-run"
+NOBODY = ["setpriv", "--regid=65534", "--clear-groups"]
+
+
+def _holders(cases: dict) -> dict:
+    """{case: process} for {case: (argv prefix, environment entries)}: each says ready, then holds until a line
+    reaches its stdin."""
+    procs = {}
+    try:
+        for case, (prefix, entries) in cases.items():
+            procs[case] = subprocess.Popen([*prefix, "env", *entries, "/usr/bin/python3", "-c", HOLD],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for proc in procs.values():
+            assert proc.stdout.readline().startswith("ready")
+    except BaseException:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        raise
+    return procs
+
+
+def test_the_wait_module_waits_only_for_other_runs_processes_of_its_own_uid(ansible):
+    """hostlock.core.serialize_host alone: of the processes carrying the host's mark it waits for exactly those
+    not of this run whose real and effective uid are both its own; a longer mark, or the mark under another
+    name, is not the mark. One scan with timeout 0 names them and fails (rc 75); without a timeout it calls
+    itself after the first of them, and ends once they have, while the others still run."""
+    mark = _mark(ansible, "loc")
+    counted = {
+        "another run's": ([], [mark, "HOSTLOCK_SERIALIZE_RUN=earlier"]),
+        "no run's": ([], [mark]),
+        "a run whose id starts with ours": ([], [mark, THIS_RUN + "x"]),
+    }
+    ignored = {
+        "this run's": ([], [mark, THIS_RUN]),
+        "a longer mark": ([], [mark + "x", "HOSTLOCK_SERIALIZE_RUN=earlier"]),
+        "the mark under another name": ([], ["X" + mark]),
+    }
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        ignored.update({
+            "another user's": ([*NOBODY, "--reuid=65534"], [mark]),
+            "another real uid": ([*NOBODY, "--ruid=65534"], [mark]),
+            "another effective uid": ([*NOBODY, "--euid=65534"], [mark]),
+        })
+    procs = _holders({**counted, **ignored})
+    waiting = None
+    try:
+        want = {procs[case].pid: case for case in counted}
+        evars = dict(pattern="loc", mark=mark, unless=THIS_RUN)
+        once = ansible.play("serialize_host.yml", extra_vars=dict(evars, timeout=0))
+        result = once.results()[WAIT_ALONE]["loc"]
+        assert result["_status"] == "failed" and result["rc"] == BUSY and result["msg"] == "still running", result
+        shown = {int(line.split()[3].rstrip(":")): line for line in result["stdout"].splitlines()}
+        assert sorted(shown) == sorted(want), {pid: want.get(pid, "not counted") for pid in shown}
+        assert all(line.endswith(": /usr/bin/python3 -c " + HOLD) for line in shown.values()), shown
+
+        record = ansible.work / "record-wait.json"
+        waiting = ansible.popen("serialize_host.yml", extra_vars=evars, HOSTLOCK_TEST_RECORD=str(record))
+        _wait_for(lambda: _waiters_for(mark), what="the wait to find them", proc=waiting)
+        (waiter,) = _waiters_for(mark)
+        assert Path(f"/proc/{waiter}/comm").read_text() == f"hl-wait {min(want)}\n"
+        for case in counted:
+            procs[case].communicate("\n", timeout=30)
+        out = _finish(waiting)
+        assert waiting.returncode == 0, out
+        result = json.loads(record.read_text())[WAIT_ALONE]["loc"]
+        assert result["_status"] == "ok" and result["rc"] == 0 and not result["changed"], result
+        lines = result["stdout"].splitlines()
+        assert sorted(int(line.split()[3].rstrip(":")) for line in lines[:-1]) == sorted(want), lines
+        assert lines[-1] == "earlier runs' tasks ended", lines
+        assert [case for case in ignored if procs[case].poll() is not None] == [], "an ignored process ended"
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+        if waiting is not None:
+            _reap(waiting)
 
 
 def test_a_killed_runs_worker_never_starts_its_task_after_the_run_died(ansible):

@@ -1,13 +1,14 @@
 """Processes carrying a mark in their environment: `/proc/PID/environ` (the environment a process was exec'd
 with, which its children inherit wherever they go: setsid, double forks, orphaning).
 
-Two users, one scan:
+Three users, one scan:
 - a lease's in-flight work (lease.py): a lease that runs out keeps its lock until no process carrying its mark
   is left. Anyone can start a process with any environment, so only a process whose real AND effective uid
   are the lease holder's counts (`uid`): another user (one a block `become_user`s to, say) who copies the mark
   into a process of their own cannot keep the holder's lock. The uids come from /proc/PID/status, which tells
-  them even for a process that made itself undumpable (its /proc files then belong to root). The serialize
-  callback's wait on a host follows the same rule in its shell script (the mark, not another mark, the uid);
+  them even for a process that made itself undumpable (its /proc files then belong to root);
+- the serialize callback's wait on a host (plugins/modules/serialize_host.py): an earlier run's tasks, the
+  host's mark `unless` this run's, by the same uid rule (the module's own uid), with a timeout;
 - a job's tag (jobkill.py): the watcher finds the processes of the job it must kill. `uid=None` there: a job
   may run `su`/`sudo`, whose processes are the job's too; the watcher can signal only what its user may.
 """
@@ -19,7 +20,7 @@ from ..core import procstat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Container
+    from typing import Callable, Container
 
 
 def _read(path: str) -> bytes | None:
@@ -50,6 +51,15 @@ def environ_of(pid: int) -> bytes | None:
 def carries(environ: bytes | None, entry: bytes) -> bool:
     """Whether the environment block holds exactly `entry` (KEY=VALUE) as one of its entries."""
     return environ is not None and (b"\0" + entry + b"\0") in (b"\0" + environ + b"\0")
+
+
+def shown_cmdline(pid: int, limit: int = 200) -> str:
+    """The command line of `pid` to show on one line: its words joined by spaces (core.owner.cmdline), cut to
+    `limit` characters, each that is not printable ASCII as '?' (it is another process's text: never a
+    terminal's escape sequence); '' when it is gone or unreadable."""
+    from ..core.owner import cmdline
+
+    return "".join(c if " " <= c <= "~" else "?" for c in (cmdline(pid) or "")[:limit])
 
 
 def uids(pid: int) -> tuple[int, int] | None:
@@ -109,8 +119,11 @@ def ancestors() -> set[int]:
     return seen
 
 
-def wait_unmarked(entry: bytes, uid: int | None, poll: float = 0.2) -> None:
-    """Return once no process but us carries `entry` (marked(), same uid rule); at once without /proc.
+def wait_unmarked(entry: bytes, uid: int | None, poll: float = 0.2, *, unless: bytes | None = None,
+                  timeout: float | None = None, seen: Callable[[list[int]], None] | None = None) -> bool:
+    """Return True once no process but us carries `entry` and not `unless` (marked(), same uid rule); at once
+    without /proc. False when `timeout` seconds (None: no end) are up and some are left, after one last scan.
+    `seen` is called once, with the pids of the first scan that found any, before any wait.
 
     Waits on pidfds (Linux 5.3+, Python 3.9+) of the processes found, then scans again: their children inherit
     the mark and are found by the next scan. Without pidfds it scans every `poll` seconds.
@@ -119,10 +132,17 @@ def wait_unmarked(entry: bytes, uid: int | None, poll: float = 0.2) -> None:
     import time
 
     own = (os.getpid(),)
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        found = marked(entry, uid, skip=own)
+        found = marked(entry, uid, unless=unless, skip=own)
         if not found:
-            return
+            return True
+        if seen is not None:
+            seen(found)
+            seen = None
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
         fds = []
         for pid in found:
             fd = procstat.pidfd(pid)  # None on an old kernel, or it just ended: the next scan tells
@@ -133,9 +153,9 @@ def wait_unmarked(entry: bytes, uid: int | None, poll: float = 0.2) -> None:
                 waiter = select.poll()
                 for fd in fds:
                     waiter.register(fd, select.POLLIN)  # a pidfd is readable once its process has exited
-                waiter.poll()
+                waiter.poll(None if left is None else int(left * 1000) + 1)  # ms, rounded up
             else:
-                time.sleep(poll)
+                time.sleep(poll if left is None else min(poll, left))
         finally:
             for fd in fds:
                 os.close(fd)
