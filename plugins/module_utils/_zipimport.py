@@ -45,6 +45,7 @@ TAG = b"hostlock-code/1\0" + MAGIC_NUMBER + sys.version.encode("utf-8", "replace
 PRELOADED: dict = {}  # name -> code object, from preload(): used instead of compiling that module
 LOADED: dict = {}  # name -> code object of each module this finder loaded, for exported()
 COMPILED: list = []  # names of the modules this finder compiled (not given by preload)
+GIVEN: set = set()  # names of the modules the preload()ed code holds, used or not
 
 
 def preload(blob: bytes) -> bool:
@@ -58,7 +59,9 @@ def preload(blob: bytes) -> bool:
         return False
     if not isinstance(code, dict):
         return False
-    PRELOADED.update((k, v) for k, v in code.items() if isinstance(k, str) and type(v).__name__ == "code")
+    given = {k: v for k, v in code.items() if isinstance(k, str) and type(v).__name__ == "code"}
+    PRELOADED.update(given)
+    GIVEN.update(given)
     return True
 
 
@@ -68,8 +71,12 @@ def take(name: str) -> CodeType | None:
 
 
 def compiled_here() -> bool:
-    """Whether this run compiled any of this collection's modules (rather than all from preload())."""
-    return bool(COMPILED)
+    """Whether this run compiled a module the preload()ed code lacks: only then has it code to hand back.
+
+    A module imported before preload() could run (the calling module's own imports: its argument spec) is
+    compiled in every run although the code given holds it; counting it would send all the code back, and
+    store it again, on every run."""
+    return any(name not in GIVEN for name in COMPILED)
 
 
 def exported() -> bytes:

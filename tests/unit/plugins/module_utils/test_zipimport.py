@@ -37,7 +37,9 @@ first = sys.meta_path[0]
 preloaded = None
 if sys.argv[2] != "plain":
     from ansible_collections.hostlock.core.plugins.module_utils import _zipimport
-if sys.argv[2] == "preload":
+if sys.argv[2] == "early":  # the caller's own imports come before its arguments (and so the code) are read
+    from ansible_collections.hostlock.core.plugins.module_utils.pkg import sibling
+if sys.argv[2] in ("preload", "early"):
     with open(sys.argv[3], "rb") as f:
         preloaded = _zipimport.preload(f.read())
 finders = [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path]
@@ -54,8 +56,9 @@ print(json.dumps(dict(
     pkg_path=list(pkg.__path__), package=mod.__package__, origin=mod.__spec__.origin,
     source=mod.__loader__.get_source(mod.__name__).splitlines()[0], missing=missing,
     first_kept=sys.meta_path[0] is first, finders=finders, preloaded=preloaded,
+    compiled_here=_zipimport.compiled_here() if sys.argv[2] != "plain" else None,
 )))
-if sys.argv[2] in ("finder", "preload") and len(sys.argv) > 4:
+if sys.argv[2] in ("finder", "preload", "early") and len(sys.argv) > 4:
     with open(sys.argv[4], "wb") as f:
         f.write(_zipimport.exported())
 """
@@ -118,6 +121,22 @@ def test_a_later_run_of_the_same_interpreter_compiles_nothing(python, payload_zi
     # what the second run hands back still holds every module (given, not compiled, this time)
     third = probe(python, payload_zip, "preload", str(tmp_path / "again"))
     assert third["preloaded"] is True and third["compiled"] == {}, third
+    assert first["compiled_here"] is True and second["compiled_here"] is third["compiled_here"] is False
+
+
+@pytest.mark.parametrize("python", PYTHONS[-1:])
+def test_a_module_imported_before_the_code_arrives_is_not_a_reason_to_send_it_back(python, payload_zip, tmp_path):
+    """A module the caller imports before it can read its arguments is compiled in every run, although the code
+    it is given holds it: that must not make every run hand all the code back (and the controller store it)."""
+    blob = str(tmp_path / "compiled")
+    probe(python, payload_zip, "finder", out=blob)
+    early = probe(python, payload_zip, "early", blob)
+    assert early["preloaded"] is True and early["compiled_here"] is False, early
+    # code that lacks a module this run compiled: then there is something to hand back
+    with zipfile.ZipFile(payload_zip, "a") as z:
+        z.writestr(f"{MU}/pkg/absent.py", "NAME = 1\n")
+    grown = probe(python, payload_zip, "early", blob)
+    assert grown["missing"] == "imported" and grown["compiled_here"] is True, grown
 
 
 def test_code_of_another_interpreter_or_damaged_code_is_never_loaded(payload_zip, tmp_path):
