@@ -66,6 +66,11 @@ from posix import (
     write,
 )
 
+# Linux >= 5.3 with Python >= 3.9 only: core/procstat.pidfd() looks for it here, and without it every signal to a
+# proven holder (break, --replace) and every wait for a process's exit fell back to the pid and to polling.
+if hasattr(_posix, "pidfd_open"):
+    pidfd_open = getattr(_posix, "pidfd_open")  # noqa: B009 - Python 3.8's posix has none: mypy checks as 3.8
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Mapping
