@@ -86,6 +86,11 @@ from ansible_collections.hostlock.core.plugins.module_utils._argspec import (
 )
 
 
+# The payload zip AnsiballZ runs this module from (ansible-core 2.19+ gives the module this global): see
+# _runner.end_now.
+MODLIB = globals().get("_modlib_path")
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec=HOST_LOCKED, supports_check_mode=True,
                            mutually_exclusive=MUTUALLY_EXCLUSIVE, required_one_of=REQUIRED_ONE_OF)
@@ -179,7 +184,7 @@ def run(module: AnsibleModule) -> None:
         info.update(event="check", free=would_acquire(holders, p["mode"], p["slots"]), holders=holders)
         result, _pid = run_payload(payload)
         result[RESULT_KEY] = with_compiled(module, info)
-        emit_result(result)
+        emit_result(result, MODLIB)
 
     def holders_of() -> list:
         return holder_dicts(name, p["directory"])
@@ -214,7 +219,7 @@ def run(module: AnsibleModule) -> None:
         module.fail_json(msg=f"lock {name}: {engine_message(e)}", **{RESULT_KEY: info})
     info.update(result.pop(RESULT_KEY, {}), event="locked", taken=True)
     result[RESULT_KEY] = with_compiled(module, info)
-    emit_result(result)
+    emit_result(result, MODLIB)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,9 @@ def test_locked_runs_the_wrapped_modules_exit_handlers(ansible, target, pipelini
     assert (ansible.work / f"{target}-downloaded-plain.txt").read_text() == "payload\n"
     left = sorted(p.name for p in remote_tmp.glob("*")) if remote_tmp.exists() else []
     assert left == [], f"temporary directories left behind under {remote_tmp}: {left}"
+    # AnsiballZ's payload directories (the runner's, the wrapped module's, the plain task's): none is left
+    payloads = ansible.work / f"payload-tmp-{target}"
+    assert payloads.is_dir() and sorted(p.name for p in payloads.iterdir()) == [], list(payloads.iterdir())
 
 
 @pytest.mark.parametrize("target", ["loc", "ssh1"])

@@ -219,3 +219,40 @@ def test_payload_dies_with_a_killed_runner():
             break
         time.sleep(0.01)
     assert state in ("gone", "Z", "X"), f"the payload outlived its runner (state {state})"
+
+
+END_NOW = r"""
+import atexit, os, sys
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.hostlock.core.plugins.module_utils._runner import emit_result
+atexit.register(lambda: open(sys.argv[3], "w").write("ran"))  # AnsibleModule's tmpdir clean-up, a coverage saver
+sys.stdout.write("module noise\n")
+emit_result({"changed": False, "x": 1}, sys.argv[2] or None)
+"""
+
+
+def _emit(tmp_path, modlib: str) -> tuple[str, str]:
+    import subprocess
+
+    from ansible_collections.hostlock.core.plugins.module_utils import _runner
+
+    collections = os.path.abspath(_runner.__file__).rsplit(os.sep + "ansible_collections" + os.sep, 1)[0]
+    done = subprocess.run([sys.executable, "-c", END_NOW, collections, modlib, str(tmp_path / "handler")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    return done.stdout, (tmp_path / "handler").read_text()
+
+
+@pytest.mark.parametrize("layout", ["ansiballz", "other", "none"])
+def test_the_result_ends_the_runner_with_its_exit_handlers_run_and_the_payload_directory_gone(tmp_path, layout):
+    """emit_result skips the interpreter's teardown only where it can do the AnsiballZ wrapper's clean-up itself
+    (its payload directory, as ansible-core 2.19+ lays it out); elsewhere the usual exit. Either way the result
+    is on stdout whole and every exit handler ran."""
+    where = tmp_path / ("ansible_ns.coll.mod_payload_x1y2" if layout == "ansiballz" else "elsewhere")
+    where.mkdir()
+    modlib = where / "ansible_ns.coll.mod_payload.zip"
+    modlib.write_bytes(b"PK")
+    out, handler = _emit(tmp_path, "" if layout == "none" else str(modlib))
+    assert out.splitlines()[-1] == '{"changed": false, "x": 1}' and handler == "ran", out
+    # removed only when it is the wrapper's own directory, left alone otherwise (the wrapper removes it then)
+    assert where.exists() is (layout != "ansiballz")
