@@ -220,6 +220,24 @@ print(load, (time.perf_counter() - t) / {rounds})
     return float(load), float(per_play)
 
 
+def kept_callback_table(docs: Path) -> list[str]:
+    """The serialize callback's table as docs/benchmarks.md has it (for a --no-callback run, which measured none),
+    with a line saying it is from an earlier run; [] when there is none."""
+    text = docs.read_text() if docs.exists() else ""
+    start = text.find(f"{SECTION}\n")
+    if start < 0:
+        return []
+    section = text[start:].split("\n## ", 1)[0].splitlines()
+    rows = [i for i, line in enumerate(section) if line.startswith("| serialize callback |")]
+    if not rows:
+        return []
+    end = rows[0]
+    while end < len(section) and section[end].startswith("|"):
+        end += 1
+    return ["", "The serialize callback's table below is from the last full run (this one was --no-callback):", "",
+            *section[rows[0]:end]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=10, help="tasks per play (default 10)")
@@ -240,7 +258,8 @@ def main() -> None:
     pairs = tuple(pair for pair in PAIRS if pair[0] in wanted)
     if len(pairs) != len(wanted):
         ap.error(f"--tasks-of takes {', '.join(b for b, _l in PAIRS)}")
-    partial = (len(pairs) != len(PAIRS) or args.connections != "local,ssh" or args.no_callback or args.pipelining
+    # --no-callback with everything else whole writes the locked table and keeps the callback table on record
+    partial = (len(pairs) != len(PAIRS) or args.connections != "local,ssh" or args.pipelining
                or args.callback_only)
     if not args.no_write and partial:
         ap.error("a partial run prints only: add --no-write")
@@ -325,6 +344,8 @@ def main() -> None:
                 f"| {p[bare] * 1000:.0f} ms | {p[locked] * 1000:.0f} ms | **{ratio:.2f}x** "
                 f"({lo:.2f}-{hi:.2f}; target <= {TARGETS[bare]}: {'met' if ratio <= TARGETS[bare] else 'MISSED'}) |"
             )
+    if not cbs and not args.no_write:
+        lines += kept_callback_table(REPO / "docs" / "benchmarks.md")
     if cbs:
         lines += [
             "",
@@ -348,24 +369,26 @@ def main() -> None:
         "",
         "`locked` is one module run per task, like ping: the host-side runner takes the lock, runs the wrapped "
         "module's payload (built on the controller) in a forked child that reuses the runner's imports, and "
-        "releases. Where its extra time went (profiled with `python3.8 -X importtime`, timers in the action, "
-        "the module and the runner, and the CPU time of each module run): on the host, compiling the engine "
-        "(AnsiballZ ships sources: about 30 ms of Python 3.8's time a run, hostlock's share of the imports 31 ms "
-        "against ansible-core's 107 ms). Since issue 23's last step the engine is compiled once per host, user and "
-        "interpreter in a run: the first locked run answers with the code its interpreter compiled "
-        "(module_utils/_zipimport.py), the controller keeps it for the rest of the run (plugin_utils/_hostcode.py) "
-        "and sends it back, and the later runs import hostlock in 4.5 ms; that took a locked ping from 1.29x to "
-        "1.02-1.20x (runs of the same day). What is left: running the wrapped module in the forked child "
-        "(13-19 ms quiet: the payload's own AnsiballZ wrapper unpacks its zip, imports the module and runs it); "
-        "on the controller, "
-        "building the wrapped module's payload (4.5 ms per task quiet, once the run's AnsiballZ cache is warm) "
-        "and sending a bigger module (the wrapped payload base64-encoded in the arguments, plus about 100 kB of "
-        "compressed code). Once per run, the first locked task builds two AnsiballZ zips (the runner's, with the "
-        "engine, and the wrapped module's) and compiles the engine: that is the 'once per run' column, left out "
-        "of the per-task figure. The callback's "
-        "end-to-end difference is measured, but on a shared machine it drowns in the run-to-run spread; its own "
-        "cost, timed in-process, is what it adds: loading the plugin and compiling the engine copy once "
-        "(the collection loader keeps no .pyc), then a kernel lock taken and released per host per play.",
+        "releases. Where the time goes, profiled on the host with the AnsiballZ files kept "
+        "(ANSIBLE_KEEP_REMOTE_FILES=1, python3.8, quiet, timers in the wrapper, the module and the runner, cProfile "
+        "in the child): a plain command module run is about 210 ms (interpreter start and wrapper 30 ms, ansible's "
+        "module_utils compiled from the zip's sources and the module's work 163 ms, the interpreter's teardown "
+        "15 ms). The runner adds a bigger wrapper to compile (the wrapped payload and the compiled engine in its "
+        "arguments, ~750 kB of script: +5 ms), the engine's import from the code the controller kept "
+        "(module_utils/_zipimport.py, plugin_utils/_hostcode.py: ~8 ms), AnsibleModule and the lock (~6 ms), the "
+        "fork (~5 ms); the wrapped module runs in the child in 16-21 ms (its wrapper, its own module file, its "
+        "work). Two things were cut in issue 40's last step: the runner skips the interpreter's teardown "
+        "(module_utils/_runner.end_now: the exit handlers and the wrapper's clean-up, then os._exit; 263 to "
+        "233 ms on the host), and a host's later locked tasks no longer send the whole compiled engine back "
+        "(~155 kB, re-exported and stored again on every task: two modules imported before the code arrives "
+        "were counted as compiled). On the controller the action adds about 13 ms a task (its checks 1.4 ms, "
+        "resolving the module 1.8 ms, building the wrapped module's payload 5 ms, the bigger runner payload "
+        "2 ms). Once per run, the first locked task builds two AnsiballZ zips (the runner's, with the engine, "
+        "and the wrapped module's) and compiles the engine: that is the 'once per run' column, left out of the "
+        "per-task figure. The callback's end-to-end difference is measured, but on a shared machine it drowns "
+        "in the run-to-run spread; its own cost, timed in-process, is what it adds: loading the plugin and "
+        "compiling the engine copy once (the collection loader keeps no .pyc), then a kernel lock taken and "
+        "released per host per play.",
         "",
         "A locked `template` or `copy` (a module with its own action plugin) cannot be one module run: its action "
         "renders and transfers on the controller and runs its own modules on the host (stat, then copy or file), "

@@ -49,7 +49,9 @@ attributes:
     platforms: posix
     details: Linux (C(/proc)); a host without it fails the task.
 notes:
-  - Scans C(/proc) every 0.2 s while it waits (the engine's C(proc/marks.py), as a lease's in-flight wait).
+  - While it waits it sleeps on the processes' pidfds (Linux 5.3+, Python 3.9+) and scans C(/proc) again when one
+    ends (their children carry the mark too); elsewhere it scans every 0.2 s (the engine's C(proc/marks.py), as a
+    lease's in-flight wait).
 seealso:
   - plugin: hostlock.core.serialize
     plugin_type: callback

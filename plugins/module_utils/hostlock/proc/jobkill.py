@@ -107,13 +107,7 @@ class _Victim:
     @classmethod
     def pin(cls, pid: int, start: int) -> _Victim | None:
         """The process `pid` if it is still the one that started at `start`; else None."""
-        fd = None
-        opener = getattr(os, "pidfd_open", None)
-        if opener is not None:
-            try:
-                fd = opener(pid)
-            except OSError:
-                fd = None  # gone (then the check below says so) or no pidfds here
+        fd = procstat.pidfd(pid)  # None: gone (then the check below says so) or no pidfds here
         if not _same(_stat(pid), start):  # checked after the open: the pidfd is this process's
             if fd is not None:
                 os.close(fd)
