@@ -85,7 +85,6 @@ from ansible_collections.hostlock.core.plugins.module_utils._argspec import (
     REQUIRED_ONE_OF,
 )
 
-
 # The payload zip AnsiballZ runs this module from (ansible-core 2.19+ gives the module this global): see
 # _runner.end_now.
 MODLIB = globals().get("_modlib_path")
