@@ -1,7 +1,7 @@
 # hostlock: one entry point for setting up, testing and demonstrating the collection.
 #
 #   make demo    run the showcase end to end ($(DEMO_TARGETS))
-#   make test    every test ($(TEST_TARGETS)); .ci/run calls exactly this
+#   make test    every test ($(TEST_TARGETS)), in two lanes (below); .ci/run calls exactly this
 #   make quick   inner loop: ruff + unit tests ($(QUICK_TARGETS))
 #   make help    list the targets
 #
@@ -40,6 +40,16 @@ include mk/infra.mk
 
 TEST_TARGETS += sanity units lint-ansible
 
+# make test runs its targets in two lanes side by side (CI has 2 cores): the pytest suites that keep both cores
+# busy with their own xdist workers in one, in the other the targets that mostly run one process at a time or
+# wait on round trips (mypy, ansible-test sanity and units, ansible-lint, Molecule's SSH steps, systemd's boots,
+# the other interpreters). Each lane runs its targets in order; a lane's output is printed when it ends
+# (--output-sync), and make test fails if either fails. The Debian packages the targets install come first,
+# one apt-get at a time. LANES=1 runs every target in one lane, in order.
+LANE2_TARGETS := typecheck test-ansible-matrix test-roles test-systemd sanity units lint-ansible test-pythons test-fleet
+TEST_DEPS     := openssh-server etcd-deps metrics-deps roles-deps sanity-deps
+LANES         ?= 2
+
 .PHONY: help venv test quick demo clean distclean
 help:
 	@echo "make demo         run the showcase end to end: $(or $(strip $(DEMO_TARGETS)),(nothing yet))"
@@ -59,8 +69,22 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	@tools/make_venv.sh $(VENV) $(notdir $(VENV_STAMP))
 
+ifeq ($(LANES),1)
 test: $(TEST_TARGETS)
 	@echo "make test: all passed ($(TEST_TARGETS))"
+else
+test: venv
+	@$(MAKE) --no-print-directory $(TEST_DEPS)
+	@started=$$(date +%s); \
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane1 test-lane2; \
+	echo "make test: all passed ($(TEST_TARGETS)) in $$(( $$(date +%s) - started )) s"
+endif
+
+.PHONY: test-lane1 test-lane2
+test-lane1:
+	@$(MAKE) --no-print-directory $(filter-out $(LANE2_TARGETS),$(TEST_TARGETS))
+test-lane2:
+	@$(MAKE) --no-print-directory $(filter $(LANE2_TARGETS),$(TEST_TARGETS))
 
 quick: $(QUICK_TARGETS)
 
