@@ -40,13 +40,15 @@ include mk/infra.mk
 
 TEST_TARGETS += sanity units lint-ansible
 
-# make test runs its targets in two lanes side by side (CI has 2 cores): the pytest suites that keep both cores
-# busy with their own xdist workers in one, in the other the targets that mostly run one process at a time or
-# wait on round trips (mypy, ansible-test sanity and units, ansible-lint, Molecule's SSH steps, systemd's boots,
-# the other interpreters). Each lane runs its targets in order; a lane's output is printed when it ends
-# (--output-sync), and make test fails if either fails. The Debian packages the targets install come first,
-# one apt-get at a time. LANES=1 runs every target in one lane, in order.
-LANE2_TARGETS := typecheck test-ansible-matrix test-roles test-systemd sanity units lint-ansible test-pythons test-fleet
+# make test runs its targets in two lanes side by side (CI has 2 cores). Lane 1: every suite that listens on
+# TCP ports of 127.0.0.1 (etcd members, sshd, node_exporter, fake servers: each picks a free port and binds it a
+# moment later, so two such suites side by side could take each other's ports) and the other xdist suites.
+# Lane 2: what listens on no port of this machine's network namespace (mypy, ansible-test sanity and units,
+# ansible-lint, the ansible-core matrix's local smoke, systemd's namespaced boots, the other interpreters' engine
+# tests). Each lane runs its targets in order; a target's output is printed when it ends (--output-sync), and
+# make test fails if either lane fails. The Debian packages the targets install come first, one apt-get at a
+# time. LANES=1 runs every target in one lane, in order.
+LANE2_TARGETS := typecheck test-ansible-matrix test-systemd sanity units lint-ansible test-pythons
 TEST_DEPS     := openssh-server etcd-deps metrics-deps roles-deps sanity-deps
 LANES         ?= 2
 
