@@ -45,7 +45,8 @@ TEST_TARGETS += sanity units lint-ansible
 # moment later, so two such suites side by side could take each other's ports) and the other xdist suites.
 # Lane 2: what listens on no port of this machine's network namespace (mypy, ansible-test sanity and units,
 # ansible-lint, the ansible-core matrix's local smoke, systemd's namespaced boots, the other interpreters' engine
-# tests). Each lane runs its targets in order; a target's output is printed when it ends (--output-sync), and
+# tests). Each lane runs its targets in order, one at a time (-j1: a lane that ends early must not hand its job
+# slot to the other, which would then run two of its suites at once); a target's output is printed when it ends (--output-sync), and
 # make test fails if either lane fails. The Debian packages the targets install come first, one apt-get at a
 # time. LANES=1 runs every target in one lane, in order.
 LANE2_TARGETS := typecheck test-ansible-matrix test-systemd sanity units lint-ansible test-pythons
@@ -84,9 +85,9 @@ endif
 
 .PHONY: test-lane1 test-lane2
 test-lane1:
-	@$(MAKE) --no-print-directory $(filter-out $(LANE2_TARGETS),$(TEST_TARGETS))
+	@$(MAKE) --no-print-directory -j1 $(filter-out $(LANE2_TARGETS),$(TEST_TARGETS))
 test-lane2:
-	@$(MAKE) --no-print-directory $(filter $(LANE2_TARGETS),$(TEST_TARGETS))
+	@$(MAKE) --no-print-directory -j1 $(filter $(LANE2_TARGETS),$(TEST_TARGETS))
 
 quick: $(QUICK_TARGETS)
 
