@@ -1,7 +1,7 @@
 # hostlock: one entry point for setting up, testing and demonstrating the collection.
 #
 #   make demo    run the showcase end to end ($(DEMO_TARGETS))
-#   make test    every test ($(TEST_TARGETS)), in two lanes (below); .ci/run calls exactly this
+#   make test    every test ($(TEST_TARGETS)); .ci/run calls exactly this
 #   make quick   inner loop: ruff + unit tests ($(QUICK_TARGETS))
 #   make help    list the targets
 #
@@ -40,19 +40,6 @@ include mk/infra.mk
 
 TEST_TARGETS += sanity units lint-ansible
 
-# make test runs its targets in two lanes side by side (CI has 2 cores). Lane 1: every suite that listens on
-# TCP ports of 127.0.0.1 (etcd members, sshd, node_exporter, fake servers: each picks a free port and binds it a
-# moment later, so two such suites side by side could take each other's ports) and the other xdist suites.
-# Lane 2: what listens on no port of this machine's network namespace (mypy, ansible-test sanity and units,
-# ansible-lint, the ansible-core matrix's local smoke, systemd's namespaced boots, the other interpreters' engine
-# tests). Each lane runs its targets in order, one at a time (-j1: a lane that ends early must not hand its job
-# slot to the other, which would then run two of its suites at once); a target's output is printed when it ends (--output-sync), and
-# make test fails if either lane fails. The Debian packages the targets install come first, one apt-get at a
-# time. LANES=1 runs every target in one lane, in order.
-LANE2_TARGETS := typecheck test-ansible-matrix test-systemd sanity units lint-ansible test-pythons
-TEST_DEPS     := openssh-server etcd-deps metrics-deps roles-deps sanity-deps
-LANES         ?= 2
-
 .PHONY: help venv test quick demo clean distclean
 help:
 	@echo "make demo         run the showcase end to end: $(or $(strip $(DEMO_TARGETS)),(nothing yet))"
@@ -72,22 +59,8 @@ venv: $(VENV_STAMP)
 $(VENV_STAMP):
 	@tools/make_venv.sh $(VENV) $(notdir $(VENV_STAMP))
 
-ifeq ($(LANES),1)
 test: $(TEST_TARGETS)
 	@echo "make test: all passed ($(TEST_TARGETS))"
-else
-test: venv
-	@$(MAKE) --no-print-directory $(TEST_DEPS)
-	@started=$$(date +%s); \
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-lane1 test-lane2; \
-	echo "make test: all passed ($(TEST_TARGETS)) in $$(( $$(date +%s) - started )) s"
-endif
-
-.PHONY: test-lane1 test-lane2
-test-lane1:
-	@$(MAKE) --no-print-directory -j1 $(filter-out $(LANE2_TARGETS),$(TEST_TARGETS))
-test-lane2:
-	@$(MAKE) --no-print-directory -j1 $(filter $(LANE2_TARGETS),$(TEST_TARGETS))
 
 quick: $(QUICK_TARGETS)
 
