@@ -45,7 +45,6 @@ TAG = b"hostlock-code/1\0" + MAGIC_NUMBER + sys.version.encode("utf-8", "replace
 PRELOADED: dict = {}  # name -> code object, from preload(): used instead of compiling that module
 LOADED: dict = {}  # name -> code object of each module this finder loaded, for exported()
 COMPILED: list = []  # names of the modules this finder compiled (not given by preload)
-GIVEN: set = set()  # names of the modules the preload()ed code holds, used or not
 
 
 def preload(blob: bytes) -> bool:
@@ -59,9 +58,7 @@ def preload(blob: bytes) -> bool:
         return False
     if not isinstance(code, dict):
         return False
-    given = {k: v for k, v in code.items() if isinstance(k, str) and type(v).__name__ == "code"}
-    PRELOADED.update(given)
-    GIVEN.update(given)
+    PRELOADED.update((k, v) for k, v in code.items() if isinstance(k, str) and type(v).__name__ == "code")
     return True
 
 
@@ -75,8 +72,9 @@ def compiled_here() -> bool:
 
     A module imported before preload() could run (the calling module's own imports: its argument spec) is
     compiled in every run although the code given holds it; counting it would send all the code back, and
-    store it again, on every run."""
-    return any(name not in GIVEN for name in COMPILED)
+    store it again, on every run. Its given code is still in PRELOADED (take() pops a module's code only when
+    that module is imported after preload()), and a module compiled after preload() is one the code lacks."""
+    return any(name not in PRELOADED for name in COMPILED)
 
 
 def exported() -> bytes:
