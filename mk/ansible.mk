@@ -12,7 +12,7 @@ ANSIBLE_TARGETS := lock lock_info locked
 INTEGRATION_ARGS ?=
 # Three workers: most of an ansible-playbook test is waiting on its processes (294 tests, quiet: 9:33 with -n 3,
 # 10:50 with -n 2). XDIST_ANSIBLE=$(XDIST) for two.
-XDIST_ANSIBLE ?= $(if $(strip $(XDIST)),-n 3)
+XDIST_ANSIBLE ?= $(if $(strip $(XDIST)),-n 3 --dist worksteal)
 
 .PHONY: test-ansible integration-ansible demo-ansible bench-ansible openssh-server
 
@@ -40,5 +40,6 @@ demo-ansible: venv
 bench-ansible: venv openssh-server
 	$(PY) benchmarks/ansible_plugins.py $(BENCH_ARGS)
 
+TEST_DEPS += openssh-server
 TEST_TARGETS += test-ansible
 DEMO_TARGETS += demo-ansible

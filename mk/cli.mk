@@ -24,7 +24,7 @@ metrics-deps:
 	fi
 
 test-cli: venv etcd-deps metrics-deps
-	$(PYTEST) -q $(XDIST) tests/integration/cli $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST_WAITING) tests/integration/cli $(PYTEST_ARGS)
 
 test-cli-unit: venv
 	$(PYTEST) -q tests/unit/cli $(PYTEST_ARGS)
@@ -37,4 +37,5 @@ BENCH_CLI_METRICS_ARGS ?=
 bench-cli-metrics: venv
 	$(PY) benchmarks/cli_metrics.py --docs docs/benchmarks.md $(BENCH_CLI_METRICS_ARGS)
 
+TEST_DEPS += metrics-deps
 TEST_TARGETS += test-cli

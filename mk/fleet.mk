@@ -17,7 +17,7 @@ etcd-deps:
 	fi
 
 test-fleet: venv etcd-deps
-	$(PYTEST) -q $(XDIST) tests/integration/fleet $(PYTEST_ARGS)
+	$(PYTEST) -q $(XDIST_WAITING) tests/integration/fleet $(PYTEST_ARGS)
 
 # Anchors and hostlock rows in one run, single member and 3-member cluster; BENCH_FLEET_ARGS=--quick for a smoke run.
 # The command is timed on the venv's interpreter and on the distribution's python3 (what the cli role installs
@@ -26,6 +26,7 @@ BENCH_FLEET_ARGS ?= $(if $(wildcard /usr/bin/python3),--also-python /usr/bin/pyt
 bench-fleet: venv etcd-deps
 	$(PY) benchmarks/fleet.py --docs docs/benchmarks.md $(BENCH_FLEET_ARGS)
 
+TEST_DEPS += etcd-deps
 TEST_TARGETS += test-fleet
 
 .PHONY: demo-fleet

@@ -82,4 +82,5 @@ lint-roles: venv roles-collection
 	ANSIBLE_COLLECTIONS_PATH=$(abspath $(ROLES_COLLECTIONS)) \
 	  $(VENV_BIN)/ansible-lint --offline --profile production roles/cli roles/cron roles/systemd roles/with_lock tests/integration/roles tests/integration/systemd
 
+TEST_DEPS += roles-deps roles-collection
 TEST_TARGETS += test-roles
