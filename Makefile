@@ -27,8 +27,7 @@ VENV_HASH  := $(shell cat requirements/dev.txt pyproject.toml setup.py tools/mak
 VENV_STAMP := $(VENV)/.stamp-$(VENV_HASH)
 
 PYTEST_ARGS ?=
-# pytest-xdist workers for the integration suites whose tests are independent (own tmp dirs, free ports):
-# test-engine 110 s -> 71 s, test-cli 80 s -> 28 s, test-ansible ~600 s -> 437 s on 2 busy cores (two CPU hogs).
+# pytest-xdist workers for the integration suites whose tests are independent (own tmp dirs, free ports).
 # XDIST= runs them serially.
 # worksteal: a worker that runs out takes tests queued on another. With the default (load), the last tests queued
 # on one worker ran one after another while the others were idle: test-cli 141 s -> 71 s on four workers.
