@@ -66,24 +66,26 @@ $(VENV_STAMP):
 	@tools/make_venv.sh $(VENV) $(notdir $(VENV_STAMP))
 
 # make test in two phases. First the suites that keep both cores busy, one after another. Then the suites that
-# mostly wait (on leases running out, etcd, sshd, a booting systemd: 0.5-0.8 of a core each) side by side with the
+# mostly wait (on leases running out, etcd, a booting systemd: 0.5-0.8 of a core each) side by side with the
 # static checks, which start no server, bind no port and watch no machine-wide state (files in their own copy).
 # Each side runs its targets one at a time; -Orecurse prints a side's output when it ends. The Debian packages both
 # sides need are installed first, so no two apt-gets meet.
 WAITING_TARGETS := test-cli test-fleet test-systemd
 STATIC_TARGETS  := typecheck sanity units lint-ansible
 FIRST_TARGETS    = $(filter-out $(WAITING_TARGETS) $(STATIC_TARGETS),$(TEST_TARGETS))
+WAITING_SIDE     = $(filter $(WAITING_TARGETS),$(TEST_TARGETS))
+STATIC_SIDE      = $(filter $(STATIC_TARGETS),$(TEST_TARGETS))
 test:
 	@$(MAKE) --no-print-directory $(TEST_DEPS) $(FIRST_TARGETS)
-	@echo "make test: now side by side: $(filter $(WAITING_TARGETS),$(TEST_TARGETS)) | $(filter $(STATIC_TARGETS),$(TEST_TARGETS))"
+	@echo "make test: now side by side: $(WAITING_SIDE) | $(STATIC_SIDE)"
 	@$(MAKE) --no-print-directory -j2 -Orecurse test-side-waiting test-side-static
 	@echo "make test: all passed ($(TEST_TARGETS))"
 
 .PHONY: test-side-waiting test-side-static
 test-side-waiting:
-	@$(MAKE) --no-print-directory -j1 $(filter $(WAITING_TARGETS),$(TEST_TARGETS))
+	@$(MAKE) --no-print-directory -j1 $(WAITING_SIDE)
 test-side-static:
-	@$(MAKE) --no-print-directory -j1 $(filter $(STATIC_TARGETS),$(TEST_TARGETS))
+	@$(MAKE) --no-print-directory -j1 $(STATIC_SIDE)
 
 quick: $(QUICK_TARGETS)
 
