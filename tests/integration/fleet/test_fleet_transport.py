@@ -13,6 +13,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -480,6 +481,28 @@ def test_the_client_refuses_what_is_not_a_whole_answer(answer, error):
         conn.close()
 
 
+def test_an_answer_that_came_in_time_is_read_though_we_look_after_the_end():
+    """`hostlock run --fleet` loads its modules while the early grant's answer comes (grant.send_early): on a
+    busy machine it looked after the attempt's end, and the answer waiting in the socket was taken for a member
+    that did not answer (the grant asked again, of the next member). Nothing there and the end passed: a
+    timeout, at once."""
+    conn = _transport._Conn(_serve(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
+    try:
+        conn.send(b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 10)
+        assert select.select([conn.sock], [], [], GUARD)[0]  # the answer is in the socket
+        assert conn.answer(time.monotonic() - 1) == (200, b"{}", False)
+    finally:
+        conn.close()
+    a, b = socket.socketpair()
+    with b:
+        conn = _transport._Conn(a)
+        try:
+            with pytest.raises(socket.timeout):
+                conn.answer(time.monotonic() - 1)
+        finally:
+            conn.close()
+
+
 def test_the_command_path_imports_only_what_it_needs(members, hl):
     """What made `hostlock run --fleet` slow: http.client pulled in `email`, json and base64 `re`, socket
     `enum`, str hosts the idna codec. None of them is on the command's path (ssl only for etcds://)."""
@@ -573,6 +596,43 @@ class _Echo(_Service):
             page = json.dumps({"error": text, "code": 3, "message": text}).encode()
         conn.sendall(b"HTTP/1.1 %d Oops\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
                      b"Connection: close\r\n\r\n%s" % (self.status, len(page), page))
+
+
+class _Late(_Service):
+    """A member that answers a lease grant as etcd does, but only once LATE seconds have passed since the request
+    came: slower than the millisecond a past deadline left the grant's first attempt."""
+
+    LATE = 0.05
+
+    def answer(self, conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            more = conn.recv(65536)
+            if not more:
+                return
+            data += more
+        until = time.monotonic() + self.LATE
+        while time.monotonic() < until:  # waits for the clock to pass a point, not for another party
+            time.sleep(0.005)
+        body = b'{"header":{"cluster_id":"1","member_id":"2","revision":"3"},"ID":"7","TTL":"30"}'
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
+
+
+def test_a_deadline_already_past_still_gives_the_first_member_its_attempt():
+    """-n (a deadline already past) gave the grant's first attempt (send_first, two_in_turn) a millisecond where
+    call() gives two seconds: a member slower than that was skipped, and etcd://TLS,PLAIN took the lock from the
+    plain one on a busy machine (hold, cron: 78 in call(), 0 here). The attempt has MIN_TRY, as in call()."""
+    late = _Late()
+    try:
+        client = _etcd.Client(_fleet.parse("etcd://" + late.endpoint))
+        try:
+            first, second = client.two_in_turn("lease/grant", {"TTL": "30", "ID": "7"}, lambda: ("kv/txn", {}),
+                                               time.monotonic() - 1, [])
+        finally:
+            client.close()
+        assert first is not None and first["ID"] == "7" and second is None, first
+    finally:
+        late.close()
 
 
 @pytest.mark.parametrize("status", [400, 401, 502])
@@ -706,8 +766,9 @@ def test_a_tls_member_reached_with_etcd_is_78_for_every_command_even_before_a_pl
     """etcd://TLS,PLAIN: run, cron and hold skipped the TLS member (the early grant asked it and went on) and
     got the lock, which status and release refused with 78: one URL, one answer for every command."""
     url = "etcd://%s,%s" % (members.tls.endpoint, members.plain.endpoint)
-    for args in (("run", "--fleet", url, "-n", "t", "true"), ("hold", "--fleet", url, "--lease", "30s", "-n", "t"),
-                 ("status", "--fleet", url, "t")):
+    name = "tls-first"  # its own: a hold that got a lock here would keep it from the other tests for 30 s
+    for args in (("run", "--fleet", url, "-n", name, "true"), ("cron", "--fleet", url, "-n", name, "true"),
+                 ("hold", "--fleet", url, "--lease", "30s", "-n", name), ("status", "--fleet", url, name)):
         r = run(hl, *args)
         assert r.returncode == 78 and "member %s speaks TLS: use etcds://" % members.tls.endpoint in one_line(r), r
 
@@ -720,7 +781,8 @@ def test_an_answer_without_a_body_is_judged_as_one_that_is_not_etcds(status, mem
     fake = _Echo(status, b"")
     try:
         url = "etcd://%s,%s" % (fake.endpoint, members.plain.endpoint)
-        for args in (("run", "--fleet", url, "-n", "t", "true"), ("status", "--fleet", url, "t")):
+        name = "empty-%d" % status
+        for args in (("run", "--fleet", url, "-n", name, "true"), ("status", "--fleet", url, name)):
             r = run(hl, *args)
             if status < 500:
                 assert r.returncode == 78, r

@@ -204,10 +204,13 @@ class Client(Connections):
         """The first half of two_in_turn(): POST `body` to /v3/`path` on a connection to the member asked first,
         its answer left unread; None when it could not be written (the member that failed is then asked last,
         as call() asks the next after a failure). Nothing is raised but a FleetConfigError of the URL's
-        credentials. `sent[0]` is the boottime() at which it was sent."""
+        credentials. `sent[0]` is the boottime() at which it was sent. As in call(), the member has at least
+        MIN_TRY: a deadline already past (-n) gave it a millisecond, and a member slower than that to answer (any,
+        on a busy machine) was skipped: `etcd://TLS,PLAIN` then took the lock from the plain one."""
         n = len(self.endpoints)
         i = self._next % n
-        timeout = max(0.001, min(deadline - monotonic(), ATTEMPT))
+        deadline = max(deadline, monotonic() + MIN_TRY)
+        timeout = min(deadline - monotonic(), ATTEMPT)
         end = monotonic() + timeout
         try:
             if self.url.user and self._token is None:

@@ -244,11 +244,10 @@ class _Conn:
             pass
 
     def _more(self, end: float, started: bool) -> bool:
-        """Read more into buf; False at the end of the stream. _socket.timeout when `end` passed."""
-        left = end - monotonic()
-        if left <= 0:
-            raise _socket.timeout("timed out")
-        self.sock.settimeout(left)
+        """Read more into buf; False at the end of the stream. _socket.timeout when `end` passed and nothing
+        more is there: what came in time is read even when we look late (the command still loading its modules
+        on a busy machine while the early grant's answer waits in the socket)."""
+        self.sock.settimeout(max(end - monotonic(), 0.001))
         data = self.sock.recv(65536)
         if not data:
             if not started:
