@@ -18,6 +18,8 @@ import threading
 import time
 import urllib.request
 
+from ports import free_port
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 READY_TIMEOUT = 60.0  # a loaded 2-core machine can take a while to elect a leader; this bounds a hang only
@@ -25,12 +27,6 @@ READY_TIMEOUT = 60.0  # a loaded 2-core machine can take a while to elect a lead
 
 def have_etcd() -> bool:
     return os.access(ETCD, os.X_OK) and os.access(ETCDCTL, os.X_OK)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Etcd:

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ports import free_port
+
 
 class HarnessError(RuntimeError):
     """The test environment cannot be set up (missing sshd, no interpreter, build failed)."""
@@ -51,12 +53,6 @@ def hostlock_cli() -> list[str]:
     """The hostlock command as the host's own jobs run it (lib/ is installed in .venv)."""
     script = VENV_BIN / "hostlock"
     return [str(script)] if script.exists() else [sys.executable, "-m", "hostlock"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -342,7 +342,7 @@ def test_fleet_lease_check_mode(ansible, engine, etcd, tmp_path):
 
 def test_wrong_fleet_fails_each_task_with_one_line(ansible, etcd):
     """A fleet nobody answers at, and a URL that is not one: every plugin fails its task with one clear line."""
-    from harness import free_port
+    from ports import free_port
 
     for fleet in (f"etcd://127.0.0.1:{free_port()}", "http://not-an-etcd-url"):
         run = ansible.play("fleet_wrong.yml", extra_vars=dict(pattern="loc", fleet=fleet))

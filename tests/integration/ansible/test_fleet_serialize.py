@@ -144,7 +144,7 @@ def test_check_mode_reports_the_fleet_holder(ansible, etcd):
 
 
 def test_unusable_fleet_ends_the_run_with_one_line(ansible, tmp_path):
-    from harness import free_port
+    from ports import free_port
 
     # 76: the fleet is unavailable; 64: not a fleet URL (the hostlock command's codes, docs/cli.md)
     for fleet, code in ((f"etcd://127.0.0.1:{free_port()}", 76), ("http://not-an-etcd-url", 64)):

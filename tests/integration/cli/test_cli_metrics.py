@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 from cli_support import wait_until
 from engine_helpers import NOBODY, needs_users
+from ports import free_port
 
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
 PROMTOOL = shutil.which("promtool")
@@ -27,18 +28,12 @@ needs_exporter = pytest.mark.skipif(not (NODE_EXPORTER and PROMTOOL),
                                     "(make test-cli installs them)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Exporter:
     """A real node_exporter with only its textfile collector, on a free loopback port."""
 
     def __init__(self, directory: str, log: str) -> None:
         for _attempt in range(5):  # the port is free when chosen; another test may take it before we bind
-            self.port = _free_port()
+            self.port = free_port()
             self.proc = subprocess.Popen(
                 [NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile",
                  "--collector.textfile.directory=" + directory, "--web.listen-address=127.0.0.1:%d" % self.port],
