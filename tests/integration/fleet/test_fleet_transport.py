@@ -528,6 +528,25 @@ def test_the_json_codec_agrees_with_the_json_package(value):
             _etcd.loads(bad)
 
 
+def _request(conn: socket.socket) -> tuple[bytes, bytes]:
+    """One HTTP request read from `conn`: (its head, its body); what came when the peer closes early."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = conn.recv(65536)
+        if not more:
+            break
+        data += more
+    head, _sep, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        more = conn.recv(65536)
+        if not more:
+            break
+        body += more
+    return head, body
+
+
 class _Service:
     """A TCP service on a free port that is not etcd: `answer(conn)` serves each connection, then it closes."""
 
@@ -576,20 +595,7 @@ class _Echo(_Service):
         super().__init__()
 
     def answer(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            more = conn.recv(65536)
-            if not more:
-                break
-            data += more
-        head, _sep, body = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), 0)
-        while len(body) < length:
-            more = conn.recv(65536)
-            if not more:
-                break
-            body += more
+        head, body = _request(conn)
         page = b"could not handle request: " + head + b" " + body if self.body is None else self.body
         if self.in_json:
             text = page.decode("latin-1")
@@ -605,12 +611,7 @@ class _Late(_Service):
     LATE = 0.05
 
     def answer(self, conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            more = conn.recv(65536)
-            if not more:
-                return
-            data += more
+        _request(conn)
         until = time.monotonic() + self.LATE
         while time.monotonic() < until:  # waits for the clock to pass a point, not for another party
             time.sleep(0.005)
