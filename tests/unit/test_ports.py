@@ -9,7 +9,7 @@ import ports
 
 def test_a_port_is_below_the_ephemeral_range_and_free():
     low = ports._ephemeral_low()
-    for _ in range(20):
+    for _attempt in range(20):
         port = ports.free_port()
         assert ports._FLOOR <= port < low
         with socket.socket() as s:
