@@ -16,7 +16,6 @@ plugin included), and the lock is released. Hosts need no route to etcd.
 
 from __future__ import annotations
 
-import base64
 import time
 import typing as t
 
@@ -35,7 +34,7 @@ from ansible_collections.hostlock.core.plugins.module_utils._common import (
     would_acquire,
 )
 from ansible_collections.hostlock.core.plugins.module_utils.hostlock import HostlockError, LockTimeout, parse_duration
-from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _hostcode, _hostlease
+from ansible_collections.hostlock.core.plugins.plugin_utils import _fleet, _hostcode, _hostlease, _payload
 from ansible_collections.hostlock.core.plugins.plugin_utils._controller import task_label
 from ansible_collections.hostlock.core.plugins.plugin_utils._runid import (
     LOCAL_TRANSPORTS,
@@ -198,7 +197,7 @@ class ActionModule(ActionBase):
             # "[run ID task]": a holder that ends by itself, so the run's other hosts wait for it in turn
             label=f"{label} {run_marker(task=True)}",
             task=dict(module=fqcn),
-            payload=base64.b64encode(bits.b_module_data).decode("ascii"),
+            payload=_payload.encoded(self, bits.b_module_data, task_vars),
         )
         result.update(_hostcode.run_with(
             lambda a: self._execute_module(module_name=HOST_MODULE, module_args=a, task_vars=task_vars),

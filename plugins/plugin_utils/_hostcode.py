@@ -47,18 +47,19 @@ def key(action: t.Any, interpreter: str | None, task_vars: dict) -> str | None:
     return hashlib.sha256(repr(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _path(name: str) -> str | None:
+def _path(name: str, directory: str = DIRECTORY) -> str | None:
     from ansible import constants as C
 
     local_tmp = getattr(C, "DEFAULT_LOCAL_TMP", None)
     if not local_tmp or not os.path.isdir(local_tmp):
         return None
-    return os.path.join(local_tmp, DIRECTORY, name)
+    return os.path.join(local_tmp, directory, name)
 
 
-def load(name: str | None) -> str:
-    """The code kept for key `name` (base64 text), or "" (ask the host for its own)."""
-    path = _path(name) if name else None
+def load(name: str | None, directory: str = DIRECTORY) -> str:
+    """The code kept for key `name` (base64 text), or "" (ask the host for its own); `directory`: another
+    kind of text kept for the run (plugin_utils/_payload.py)."""
+    path = _path(name, directory) if name else None
     if path is None:
         return ""
     try:
@@ -77,9 +78,9 @@ def compiled(name: str | None) -> bytes:
         return b""
 
 
-def store(name: str | None, compiled: t.Any) -> None:
+def store(name: str | None, compiled: t.Any, directory: str = DIRECTORY) -> None:
     """Keep `compiled` (a host's answer) for key `name`; a failure to keep it costs only speed."""
-    path = _path(name) if name else None
+    path = _path(name, directory) if name else None
     if path is None or not isinstance(compiled, str) or not compiled:
         return
     try:

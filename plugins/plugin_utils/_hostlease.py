@@ -13,14 +13,13 @@ lease's in-flight environment, given to the wrapped task) has ended on the host.
 
 from __future__ import annotations
 
-import base64
 import os
 import shlex
 import time
 import typing as t
 
 from ansible_collections.hostlock.core.plugins.module_utils._common import RESULT_KEY
-from ansible_collections.hostlock.core.plugins.plugin_utils import _engine_call, _heartbeat, _hostcode
+from ansible_collections.hostlock.core.plugins.plugin_utils import _engine_call, _heartbeat, _hostcode, _payload
 
 # The modules the actions run on the host (internal: users write hostlock.core.lock and hostlock.core.locked,
 # whose actions set the options only they know, such as the wrapped module's payload).
@@ -225,7 +224,7 @@ class TaskLease:
                     self.take_first()
                 else:
                     args = dict(self.locked_args, heartbeat=True, task=dict(module=module_name),
-                                payload=base64.b64encode(bits.b_module_data).decode("ascii"))
+                                payload=_payload.encoded(act, bits.b_module_data, task_vars))
                     self.code_key = _hostcode.key(act, bits.shebang, task_vars)
                     result = _hostcode.run_with(
                         lambda a: orig_module(act, module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),

@@ -9,8 +9,12 @@ import would ship them: this test reads the payloads Ansible really built (ANSIB
 
 from __future__ import annotations
 
+import ast
 import base64
+import glob
 import io
+import json
+import os
 import re
 import zipfile
 
@@ -48,3 +52,43 @@ def test_host_payloads_carry_no_fleet_or_command_line_code(ansible, tmp_path, ta
         assert any(n.startswith("host/") for n in engine) and any(n.startswith("core/") for n in engine)
         stray = [n for n in engine if n.startswith(("fleet/", "cli/")) or n == "__main__.py"]
         assert stray == [], f"{module}'s payload ships code that never runs on a host: {stray}"
+
+
+ZIP_DATA = re.compile(r"\nzip_data='([A-Za-z0-9+/=]+)',\n")
+
+
+def sent(kept: str) -> list[set[str]]:
+    """The zip entries of each wrapped payload in the kept runner scripts, oldest first."""
+    found = []
+    for script in sorted(glob.glob(f"{kept}/*/AnsiballZ_locked_host.py"), key=os.path.getmtime):
+        with open(script) as f:
+            params = re.search(r"\nparams=('.*'),\n", f.read())
+        assert params is not None, script
+        args = json.loads(ast.literal_eval(params.group(1)))["ANSIBLE_MODULE_ARGS"]
+        wrapped = base64.b64decode(args["payload"]).decode()
+        data = ZIP_DATA.search(wrapped)
+        assert data is not None, wrapped[-500:]
+        with zipfile.ZipFile(io.BytesIO(base64.b64decode(data.group(1)))) as z:
+            found.append(set(z.namelist()))
+    return found
+
+
+@pytest.mark.parametrize("target", ["loc", "ssh1"])
+def test_payloads_leave_out_what_the_runner_carries_and_the_modules_still_run(ansible, engine, target, tmp_path):
+    kept = tmp_path / "remote-tmp"
+    run = ansible.play("locked_payload.yml", extra_vars=dict(target=target),
+                       ANSIBLE_KEEP_REMOTE_FILES="1", ANSIBLE_REMOTE_TMP=str(kept))
+    assert run.rc == 0, run.out
+    r = {task: hosts[target] for task, hosts in run.results().items()}
+    assert r["A locked command"]["stdout"] == "first", r
+    facts = r["A locked module with module_utils the runner's zip lacks"]["ansible_facts"]
+    assert facts["ansible_python"]["executable"] == ansible.python, facts
+    assert r["A locked copy, whose first step runs through the runner"]["hostlock"]["released"] is True
+    assert (ansible.work / f"{target}-payload.txt").read_text() == "copied\n"
+    payloads = sent(str(kept))
+    assert len(payloads) == 3, payloads  # the command, setup, and the copy's first step (stat)
+    for names, module in zip(payloads, ("command", "setup", "stat"), strict=True):
+        assert f"ansible/modules/{module}.py" in names, (module, sorted(names))
+        assert "ansible/module_utils/basic.py" not in names, (module, sorted(names))
+    assert any(n.startswith("ansible/module_utils/facts/") for n in payloads[1]), sorted(payloads[1])
+    assert not engine.status("payload", directory=str(ansible.lockdir)).holders
