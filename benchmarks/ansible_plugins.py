@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "integration" / "ansible"))
+sys.path[:0] = [str(REPO / "tests" / "integration" / "ansible"), str(REPO / "tests")]  # harness, and its ports
 
 from docsection import write_section  # noqa: E402 - benchmarks/, the script's own directory
 from harness import VENV_BIN, Sshd, bare_python, build_collection  # noqa: E402 - path set up just above

@@ -11,6 +11,7 @@ with writes from hostlock is the queue that bounds hostlock's worst wait.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import os
 import statistics
@@ -56,7 +57,9 @@ class BareBarging:
 
 
 def main(argv: list[str]) -> int:
-    runs = int(argv[0]) if argv else 5
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="?", type=int, default=5, help="runs; medians of the ratios to flock (default 5)")
+    runs = ap.parse_args(argv).runs
     rows: dict[str, list[float]] = {}
     candidates: dict[str, Callable[[str, str], AnyLock]] = {
         "bare barging OFD, no writes": lambda d, n: BareBarging(d, n, writes=False),

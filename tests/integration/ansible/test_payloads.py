@@ -61,7 +61,7 @@ def sent(kept: str) -> list[set[str]]:
     """The zip entries of each wrapped payload in the kept runner scripts, oldest first."""
     found = []
     for script in sorted(glob.glob(f"{kept}/*/AnsiballZ_locked_host.py"), key=os.path.getmtime):
-        with open(script) as f:
+        with open(script, encoding="utf-8") as f:
             params = re.search(r"\nparams=('.*'),\n", f.read())
         assert params is not None, script
         args = json.loads(ast.literal_eval(params.group(1)))["ANSIBLE_MODULE_ARGS"]
