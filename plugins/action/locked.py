@@ -197,7 +197,7 @@ class ActionModule(ActionBase):
             # "[run ID task]": a holder that ends by itself, so the run's other hosts wait for it in turn
             label=f"{label} {run_marker(task=True)}",
             task=dict(module=fqcn),
-            payload=_payload.encoded(self, bits.b_module_data, task_vars),
+            payload=_payload.encoded(self, bits.b_module_data, task_vars, HOST_MODULE),
         )
         result.update(_hostcode.run_with(
             lambda a: self._execute_module(module_name=HOST_MODULE, module_args=a, task_vars=task_vars),

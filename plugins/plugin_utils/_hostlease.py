@@ -224,7 +224,7 @@ class TaskLease:
                     self.take_first()
                 else:
                     args = dict(self.locked_args, heartbeat=True, task=dict(module=module_name),
-                                payload=_payload.encoded(act, bits.b_module_data, task_vars))
+                                payload=_payload.encoded(act, bits.b_module_data, task_vars, LOCKED_MODULE))
                     self.code_key = _hostcode.key(act, bits.shebang, task_vars)
                     result = _hostcode.run_with(
                         lambda a: orig_module(act, module_name=LOCKED_MODULE, module_args=a, task_vars=task_vars),

@@ -25,55 +25,66 @@ import json
 import re
 import typing as t
 import zipfile
+import zlib
 
 from ansible_collections.hostlock.core.plugins.plugin_utils import _hostcode
 
-RUNNER_MODULE = "hostlock.core.locked_host"
 DIRECTORY = "hostlock-payload"  # beside _hostcode's, in the run's local temporary directory
 ENTRIES = "runner-zip-entries"  # the file there that keeps the runner zip's entries
 # The AnsiballZ script's zip, as ansible-core 2.19+ renders it: `zip_data='BASE64',` in the _ansiballz_main call.
 ZIP_DATA = re.compile(rb"\nzip_data='([A-Za-z0-9+/=]+)',\n")
+# A zip we cannot read (bad base64, not a zip, a damaged member): the script is sent as it is.
+UNREADABLE = (binascii.Error, zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError)
 
 
-def encoded(action: t.Any, script: bytes, task_vars: dict) -> str:
-    """`script` (the wrapped module's AnsiballZ script) slimmed for the runner, base64: the `payload` option."""
-    return base64.b64encode(slim(script, runner_entries(action, task_vars))).decode("ascii")
+def encoded(action: t.Any, script: bytes, task_vars: dict, runner: str) -> str:
+    """`script` (the wrapped module's AnsiballZ script) slimmed for module `runner` (the host-side runner
+    the task runs), base64: the `payload` option."""
+    return base64.b64encode(slim(script, runner_entries(action, task_vars, runner))).decode("ascii")
 
 
 def slim(script: bytes, runner: dict[str, list[int]]) -> bytes:
     """`script` without the zip entries `runner` ({name: [size, crc]}) holds alike; `script` itself if none."""
-    found = ZIP_DATA.search(script) if runner else None
-    if found is None:
+    got = _zip(script) if runner else None
+    if got is None:
         return script
-    try:
-        old = zipfile.ZipFile(io.BytesIO(base64.b64decode(found.group(1), validate=True)))
-        infos = old.infolist()
-        kept = [i for i in infos if runner.get(i.filename) != [i.file_size, i.CRC]]
-        if len(kept) == len(infos):
+    found, old = got
+    with old:
+        kept = [i for i in old.infolist() if runner.get(i.filename) != [i.file_size, i.CRC]]
+        if len(kept) == len(old.infolist()):
             return script
         out = io.BytesIO()
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as new:
-            for info in kept:
-                new.writestr(info, old.read(info))
-    except (binascii.Error, zipfile.BadZipFile, ValueError, OSError, EOFError):
-        return script
+        try:
+            with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as new:
+                for info in kept:
+                    new.writestr(info, old.read(info))
+        except UNREADABLE:
+            return script
     return b"".join((script[: found.start(1)], base64.b64encode(out.getvalue()), script[found.end(1):]))
 
 
 def entries(script: bytes) -> dict[str, list[int]]:
     """{name: [size, crc]} of the zip in an AnsiballZ script; {} when it has none we can read."""
+    got = _zip(script)
+    if got is None:
+        return {}
+    with got[1] as z:
+        return {i.filename: [i.file_size, i.CRC] for i in z.infolist()}
+
+
+def _zip(script: bytes) -> tuple[re.Match[bytes], zipfile.ZipFile] | None:
+    """Where an AnsiballZ script's zip is (the base64's match) and the zip, open; None when none can be read."""
     found = ZIP_DATA.search(script)
     if found is None:
-        return {}
+        return None
     try:
-        with zipfile.ZipFile(io.BytesIO(base64.b64decode(found.group(1), validate=True))) as z:
-            return {i.filename: [i.file_size, i.CRC] for i in z.infolist()}
-    except (binascii.Error, zipfile.BadZipFile, ValueError, OSError, EOFError):
-        return {}
+        return found, zipfile.ZipFile(io.BytesIO(base64.b64decode(found.group(1), validate=True)))
+    except UNREADABLE:
+        return None
 
 
-def runner_entries(action: t.Any, task_vars: dict) -> dict[str, list[int]]:
-    """The runner zip's entries: kept for this run, else read from the runner's script built now ({}: unknown)."""
+def runner_entries(action: t.Any, task_vars: dict, runner: str) -> dict[str, list[int]]:
+    """The zip entries of module `runner`: kept for this run, else read from its script built now ({}: unknown)."""
     text = _hostcode.load(ENTRIES, DIRECTORY)
     if text:
         try:
@@ -82,7 +93,7 @@ def runner_entries(action: t.Any, task_vars: dict) -> dict[str, list[int]]:
             kept = None
         if isinstance(kept, dict):
             return kept
-    bits, _path = action._configure_module(RUNNER_MODULE, {}, task_vars)
+    bits, _path = action._configure_module(runner, {}, task_vars)
     found = entries(bits.b_module_data) if bits.module_style == "new" else {}
     if found:
         _hostcode.store(ENTRIES, json.dumps(found), DIRECTORY)

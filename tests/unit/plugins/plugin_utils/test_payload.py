@@ -73,9 +73,21 @@ def test_the_runner_entries_are_read_once_per_run_and_kept(tmp_path, monkeypatch
         return SimpleNamespace(module_style="new", b_module_data=script(SHARED)), "/path"
 
     action = SimpleNamespace(_configure_module=configure)
-    first = _payload.runner_entries(action, {})
-    assert set(first) == set(SHARED) and built == [_payload.RUNNER_MODULE]
+    runner = "hostlock.core.locked_host"
+    first = _payload.runner_entries(action, {}, runner)
+    assert set(first) == set(SHARED) and built == [runner]
     assert json.loads((local_tmp / _payload.DIRECTORY / _payload.ENTRIES).read_text()) == first
-    assert _payload.runner_entries(action, {}) == first and len(built) == 1  # kept: not built again
+    assert _payload.runner_entries(action, {}, runner) == first and len(built) == 1  # kept: not built again
     wrapped = script({**SHARED, "ansible/modules/ping.py": b"# ping\n"})
-    assert set(members(base64.b64decode(_payload.encoded(action, wrapped, {})))) == {"ansible/modules/ping.py"}
+    assert set(members(base64.b64decode(_payload.encoded(action, wrapped, {}, runner)))) == {"ansible/modules/ping.py"}
+
+
+def test_a_damaged_member_it_must_keep_sends_the_script_unchanged():
+    own = b"# the module, long enough to be deflated into a stream we can damage\n" * 40
+    text = script({**SHARED, "ansible/modules/command.py": own})
+    found = _payload.ZIP_DATA.search(text)
+    data = bytearray(base64.b64decode(found.group(1)))
+    member = data.index(b"ansible/modules/command.py") + len("ansible/modules/command.py")  # its local header
+    data[member + 5:member + 25] = b"\xff" * 20  # its deflate stream, not the central directory
+    damaged = text[: found.start(1)] + base64.b64encode(bytes(data)) + text[found.end(1):]
+    assert _payload.slim(damaged, _payload.entries(script(SHARED))) is damaged
